@@ -1,0 +1,75 @@
+// Input checks shared by the cache kinds.
+#include "core/input_check.hpp"
+
+#include <cmath>
+#include <sstream>
+
+#include "skvq/error.hpp"
+
+namespace skvq::detail {
+
+namespace {
+
+std::string pos(const char* name, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t d) {
+  return std::string(name) + "[" + std::to_string(b) + ", " + std::to_string(h) + ", " +
+         std::to_string(t) + ", " + std::to_string(d) + "]";
+}
+
+void check_one(const TensorView& t, const char* name) {
+  if (t.dtype != DType::f16 && t.dtype != DType::bf16 && t.dtype != DType::f32) {
+    throw Error("skvq: " + std::string(name) + " dtype code " +
+                std::to_string(static_cast<int>(t.dtype)) + " is not float16, bfloat16 or float32");
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 1) {
+      throw Error("skvq: " + std::string(name) + " shape " + shape_string(t.shape) +
+                  " must have every extent >= 1");
+    }
+    if (t.strides[i] < 0) {
+      throw Error("skvq: " + std::string(name) + " strides " + shape_string(t.strides) +
+                  " must be non-negative");
+    }
+  }
+  if (t.data == nullptr) throw Error("skvq: " + std::string(name) + " has no data (null pointer)");
+}
+
+}  // namespace
+
+void check_kv_pair(const TensorView& keys, const TensorView& values) {
+  check_one(keys, "keys");
+  check_one(values, "values");
+  if (keys.dtype != values.dtype) {
+    throw Error("skvq: keys dtype " + std::string(dtype_name(keys.dtype)) + " and values dtype " +
+                std::string(dtype_name(values.dtype)) + " differ");
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (keys.shape[i] != values.shape[i]) {
+      throw Error("skvq: values shape " + shape_string(values.shape) + " does not match keys shape " +
+                  shape_string(keys.shape) + " in [B, H, S]");
+    }
+  }
+}
+
+void check_values(const TensorView& t, const char* name, float limit, const std::string& why) {
+  const auto& s = t.shape;
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1]; ++h)
+      for (std::int64_t i = 0; i < s[2]; ++i)
+        for (std::int64_t d = 0; d < s[3]; ++d) {
+          const float x = t.at(b, h, i, d);
+          if (!std::isfinite(x)) {
+            std::ostringstream os;
+            os << "skvq: " << pos(name, b, h, i, d) << " = " << x
+               << " is not finite (NaN and infinity cannot be quantized)";
+            throw Error(os.str());
+          }
+          if (std::fabs(x) > limit) {
+            std::ostringstream os;
+            os << "skvq: " << pos(name, b, h, i, d) << " = " << x << " is outside " << why
+               << " (|x| <= " << limit << ")";
+            throw Error(os.str());
+          }
+        }
+}
+
+}  // namespace skvq::detail

@@ -1,0 +1,19 @@
+// Checks on tensors handed to a cache, shared by every cache kind. Each
+// throws skvq::Error naming the tensor, what is wrong and the value received.
+#pragma once
+
+#include <string>
+
+#include "skvq/tensor.hpp"
+
+namespace skvq::detail {
+
+// keys [B, H, S, D], values [B, H, S, Dv]: supported dtype, same dtype, data
+// present, every extent >= 1, B, H and S equal.
+void check_kv_pair(const TensorView& keys, const TensorView& values);
+
+// Every element finite and |x| <= limit; the error names the first bad
+// position. `why` explains the limit ("the range of fp16 metadata").
+void check_values(const TensorView& t, const char* name, float limit, const std::string& why);
+
+}  // namespace skvq::detail

@@ -1,0 +1,462 @@
+// SkvqCache: the state machine of spec sections 2-6 and 9 (append, flush
+// frontier, sinks, frozen permutations, accounting) over a real packed store.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/input_check.hpp"
+#include "core/quant_params.hpp"
+#include "core/skvq_state.hpp"
+#include "cpu/quantize_simd.hpp"
+#include "ref/dequantize.hpp"
+#include "ref/meta.hpp"
+#include "ref/quantize.hpp"
+#include "skvq/error.hpp"
+#include "skvq/layer_cache.hpp"
+
+namespace skvq {
+
+using detail::PackedChunk;
+using detail::Side;
+using detail::SkvqState;
+
+void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh, std::int64_t i,
+                                   float* out) const {
+  const PackedChunk& ch = s.chunks[c];
+  const std::int64_t cph = codes_per_head(s, ch.n_rows);
+  const std::int64_t mph = meta_per_head(s, ch.n_rows);
+  const std::int64_t mrow = groups(s) * meta_bytes(cfg.metadata);
+  const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % heads) * s.head_dim;
+  ref::dequantize_row(ch.codes.data() + bh * cph, cph, i, s.head_dim, s.bits, cfg.group_size,
+                      cfg.metadata, ch.lo.data() + bh * mph + i * mrow,
+                      ch.scale.data() + bh * mph + i * mrow, perm, out);
+}
+
+namespace {
+
+// The largest magnitude the metadata type can carry as lo without saturating;
+// for fp32 the bound keeps max - min finite in float32.
+float value_limit(MetaType m, std::string* why) {
+  switch (m) {
+    case MetaType::fp16: *why = "the range of fp16 metadata; use metadata=fp32"; return ref::kMaxF16;
+    case MetaType::fp8_e4m3:
+      *why = "the range of fp8_e4m3 metadata; use metadata=fp16 or fp32";
+      return ref::kMaxE4M3;
+    case MetaType::fp32: *why = "the quantizer's float32 range"; return 0x1p126f;
+  }
+  return 0.0f;
+}
+
+// Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`.
+void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte* dst,
+               std::int64_t cap, std::int64_t row0) {
+  const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(src.dtype));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::byte* out = dst + (((b * H + h) * cap) + row0 + i) * D * es;
+        if (src.strides[3] == 1) {
+          std::memcpy(out, src.ptr(b, h, t0 + i, 0), static_cast<std::size_t>(D * es));
+        } else {
+          for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, src.ptr(b, h, t0 + i, d), es);
+        }
+      }
+}
+
+// Stable sort of channels by ascending range (max - min over the chunk's B*r
+// rows of head h), NaN last; frozen as perm, with its inverse.
+void compute_perms(const SkvqState& st, Side& s) {
+  const std::int64_t B = st.batch, H = st.heads, D = s.head_dim, r = st.cfg.window;
+  const std::int64_t es = st.esize();
+  s.perm.assign(static_cast<std::size_t>(H * D), 0);
+  s.inv.assign(static_cast<std::size_t>(H * D), 0);
+  std::vector<float> mn(D), mx(D), range(D);
+  for (std::int64_t h = 0; h < H; ++h) {
+    std::fill(mn.begin(), mn.end(), INFINITY);
+    std::fill(mx.begin(), mx.end(), -INFINITY);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < r; ++t) {
+        const std::byte* row = s.tail.data() + ((b * H + h) * r + t) * D * es;
+        for (std::int64_t c = 0; c < D; ++c) {
+          const float x = load_as_f32(row + c * es, st.dtype);
+          mn[c] = std::min(mn[c], x);
+          mx[c] = std::max(mx[c], x);
+        }
+      }
+    for (std::int64_t c = 0; c < D; ++c) range[c] = mx[c] - mn[c];
+    std::int32_t* p = s.perm.data() + h * D;
+    std::iota(p, p + D, 0);
+    std::stable_sort(p, p + D, [&](std::int32_t a, std::int32_t b) {
+      const float ra = range[a], rb = range[b];
+      if (std::isnan(ra)) return false;
+      if (std::isnan(rb)) return true;
+      return ra < rb;
+    });
+    for (std::int64_t j = 0; j < D; ++j) s.inv[h * D + p[j]] = static_cast<std::int32_t>(j);
+  }
+}
+
+// Flushes the full tail (chunk starting at token st.q_end) of one side.
+void flush_side(SkvqState& st, Side& s) {
+  const Config& cfg = st.cfg;
+  const std::int64_t r = cfg.window, BH = st.batch * st.heads, D = s.head_dim;
+  const bool first = st.q_end == 0;
+  const std::int64_t skip = first ? cfg.n_sink : 0;
+  const std::int64_t nq = r - skip;
+  const int g = cfg.group_size, G = st.groups(s), P = G * g;
+  const std::int64_t es = st.esize();
+  if (first && cfg.reorder) compute_perms(st, s);
+
+  // Gather the rows to quantize as float32, permuted and padded.
+  std::vector<float> x(static_cast<std::size_t>(BH * nq * P));
+  for (std::int64_t bh = 0; bh < BH; ++bh) {
+    const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
+    for (std::int64_t i = 0; i < nq; ++i) {
+      const std::byte* row = s.tail.data() + (bh * r + skip + i) * D * es;
+      float* xr = x.data() + (bh * nq + i) * P;
+      for (std::int64_t j = 0; j < D; ++j) xr[j] = load_as_f32(row + (perm ? perm[j] : j) * es, st.dtype);
+      for (std::int64_t j = D; j < P; ++j) xr[j] = xr[D - 1];
+    }
+  }
+  std::vector<std::uint8_t> codes(x.size());
+  std::vector<float> lo(static_cast<std::size_t>(BH * nq * G)), scale(lo.size());
+  const std::vector<float> grid = cfg.clip_grid();
+  QuantParams qp;
+  qp.x = x.data();
+  qp.n_rows = BH * nq;
+  qp.padded_dim = P;
+  qp.group_size = g;
+  qp.bits = s.bits;
+  qp.grid = grid.data();
+  qp.n_grid = static_cast<int>(grid.size());
+  qp.meta = cfg.metadata;
+  qp.codes = codes.data();
+  qp.lo = lo.data();
+  qp.scale = scale.data();
+  if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
+  else cpu::quantize_rows(qp);
+
+  PackedChunk ch;
+  ch.n_rows = nq;
+  const std::int64_t cph = st.codes_per_head(s, nq);
+  const int m = meta_bytes(cfg.metadata);
+  ch.codes.assign(static_cast<std::size_t>(BH * cph), 0);
+  ch.lo.assign(static_cast<std::size_t>(BH * nq * G * m), 0);
+  ch.scale.assign(ch.lo.size(), 0);
+  for (std::int64_t bh = 0; bh < BH; ++bh) {
+    for (std::int64_t i = 0; i < nq; ++i) {
+      ref::pack_codes(codes.data() + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
+    }
+  }
+  for (std::size_t e = 0; e < lo.size(); ++e) {
+    ref::meta_store(ch.lo.data() + e * m, cfg.metadata, lo[e]);
+    ref::meta_store(ch.scale.data() + e * m, cfg.metadata, scale[e]);
+  }
+  if (first && skip > 0) {  // sink rows stay exact, apart from the packed store
+    s.sinks.assign(static_cast<std::size_t>(BH * skip * D * es), std::byte{0});
+    for (std::int64_t bh = 0; bh < BH; ++bh) {
+      std::memcpy(s.sinks.data() + bh * skip * D * es, s.tail.data() + bh * r * D * es,
+                  static_cast<std::size_t>(skip * D * es));
+    }
+  }
+  s.chunks.push_back(std::move(ch));
+
+  if (!s.dense.empty()) {  // the dense view now shows the reconstruction
+    std::vector<float> rec(static_cast<std::size_t>(D));
+    for (std::int64_t bh = 0; bh < BH; ++bh)
+      for (std::int64_t i = 0; i < nq; ++i) {
+        st.dequantize(s, s.chunks.size() - 1, bh, i, rec.data());
+        std::byte* out = s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es;
+        for (std::int64_t j = 0; j < D; ++j) store_from_f32(out + j * es, st.dtype, rec[j]);
+      }
+  }
+}
+
+void grow_dense(SkvqState& st, Side& s, std::int64_t new_cap) {
+  const std::int64_t BH = st.batch * st.heads, D = s.head_dim, es = st.esize();
+  std::vector<std::byte> grown(static_cast<std::size_t>(BH * new_cap * D * es), std::byte{0});
+  for (std::int64_t bh = 0; bh < BH && st.offset > 0; ++bh) {
+    std::memcpy(grown.data() + bh * new_cap * D * es, s.dense.data() + bh * st.dense_cap * D * es,
+                static_cast<std::size_t>(st.offset * D * es));
+  }
+  s.dense = std::move(grown);
+}
+
+TensorView dense_view_of(const SkvqState& st, const Side& s) {
+  TensorView v;
+  v.data = const_cast<std::byte*>(s.dense.data());
+  v.dtype = st.dtype;
+  v.shape = {st.batch, st.heads, st.offset, s.head_dim};
+  v.strides = {st.heads * st.dense_cap * s.head_dim, st.dense_cap * s.head_dim, s.head_dim, 1};
+  return v;
+}
+
+// Every check of an append, before anything changes.
+void check_append(const SkvqState& st, const TensorView& k, const TensorView& v) {
+  detail::check_kv_pair(k, v);
+  const Config& cfg = st.cfg;
+  if (k.shape[3] != cfg.head_dim) {
+    throw Error("skvq: keys head dim D=" + std::to_string(k.shape[3]) + " differs from head_dim=" +
+                std::to_string(cfg.head_dim));
+  }
+  if (st.initialized) {
+    if (k.shape[0] != st.batch || k.shape[1] != st.heads) {
+      throw Error("skvq: keys shape " + shape_string(k.shape) + " changes [B, H] from the cache's [" +
+                  std::to_string(st.batch) + ", " + std::to_string(st.heads) + "]");
+    }
+    if (v.shape[3] != st.v.head_dim) {
+      throw Error("skvq: values head dim Dv=" + std::to_string(v.shape[3]) +
+                  " differs from the cache's Dv=" + std::to_string(st.v.head_dim));
+    }
+    if (k.dtype != st.dtype) {
+      throw Error("skvq: keys dtype " + std::string(dtype_name(k.dtype)) + " differs from the cache's " +
+                  std::string(dtype_name(st.dtype)) + " (fixed by the first call)");
+    }
+  }
+  const std::int64_t S = k.shape[2];
+  if (cfg.max_ctx && st.offset + S > *cfg.max_ctx) {
+    throw Error("skvq: context " + std::to_string(st.offset + S) + " exceeds max_ctx=" +
+                std::to_string(*cfg.max_ctx));
+  }
+  std::string why;
+  const float limit = value_limit(cfg.metadata, &why);
+  detail::check_values(k, "keys", limit, why);
+  detail::check_values(v, "values", limit, why);
+}
+
+void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
+  const Config& cfg = st.cfg;
+  const std::int64_t r = cfg.window;
+  if (!st.initialized) {
+    st.initialized = true;
+    st.dtype = k.dtype;
+    st.batch = k.shape[0];
+    st.heads = k.shape[1];
+    st.k.head_dim = cfg.head_dim;
+    st.k.bits = cfg.bits_key;
+    st.v.head_dim = static_cast<int>(v.shape[3]);
+    st.v.bits = cfg.bits_value;
+    for (Side* s : {&st.k, &st.v}) {
+      s->tail.assign(static_cast<std::size_t>(st.batch * st.heads * r * s->head_dim * st.esize()),
+                     std::byte{0});
+    }
+  }
+  const std::int64_t S = k.shape[2];
+  if (cfg.dense_view && st.offset + S > st.dense_cap) {
+    std::int64_t cap = std::max({st.offset + S, 2 * st.dense_cap, r});
+    if (cfg.max_ctx) cap = std::min(cap, *cfg.max_ctx);
+    for (Side* s : {&st.k, &st.v}) grow_dense(st, *s, cap);
+    st.dense_cap = cap;
+  }
+  for (std::int64_t t = 0; t < S;) {
+    const std::int64_t live = st.offset - st.q_end;
+    const std::int64_t n = std::min(S - t, r - live);
+    copy_rows(k, t, n, st.k.tail.data(), r, live);
+    copy_rows(v, t, n, st.v.tail.data(), r, live);
+    if (cfg.dense_view) {
+      copy_rows(k, t, n, st.k.dense.data(), st.dense_cap, st.offset);
+      copy_rows(v, t, n, st.v.dense.data(), st.dense_cap, st.offset);
+    }
+    st.offset += n;
+    t += n;
+    if (st.offset - st.q_end == r) {
+      flush_side(st, st.k);
+      flush_side(st, st.v);
+      st.q_end += r;
+    }
+  }
+  st.tokens_seen += S;
+  st.fp16_key_bytes += st.batch * st.heads * S * st.k.head_dim * 2;
+  st.fp16_value_bytes += st.batch * st.heads * S * st.v.head_dim * 2;
+}
+
+// Exact row (sink or tail) of a [B, H, rows, D] buffer into dst[b, h, t, :].
+void copy_exact_row(const std::byte* src, DType sdt, const TensorView& dst, std::int64_t b,
+                    std::int64_t h, std::int64_t t, std::int64_t D) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(sdt));
+  for (std::int64_t d = 0; d < D; ++d) {
+    if (dst.dtype == sdt) std::memcpy(dst.ptr(b, h, t, d), src + d * es, es);
+    else dst.set(b, h, t, d, load_as_f32(src + d * es, sdt));
+  }
+}
+
+void fetch_side(const SkvqState& st, const Side& s, const TensorView& out) {
+  const std::int64_t H = st.heads, D = s.head_dim, r = st.cfg.window, es = st.esize();
+  const std::int64_t sinks = st.sinks_held();
+  std::vector<float> rec(static_cast<std::size_t>(D));
+  for (std::int64_t b = 0; b < st.batch; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t bh = b * H + h;
+      for (std::int64_t t = 0; t < sinks; ++t) {
+        copy_exact_row(s.sinks.data() + (bh * sinks + t) * D * es, st.dtype, out, b, h, t, D);
+      }
+      for (std::size_t c = 0; c < s.chunks.size(); ++c) {
+        const std::int64_t first = st.first_row(c);
+        for (std::int64_t i = 0; i < s.chunks[c].n_rows; ++i) {
+          st.dequantize(s, c, bh, i, rec.data());
+          const std::int64_t t = static_cast<std::int64_t>(c) * r + first + i;
+          for (std::int64_t d = 0; d < D; ++d) out.set(b, h, t, d, rec[d]);
+        }
+      }
+      for (std::int64_t t = st.q_end; t < st.offset; ++t) {
+        copy_exact_row(s.tail.data() + (bh * r + t - st.q_end) * D * es, st.dtype, out, b, h, t, D);
+      }
+    }
+}
+
+void check_out(const SkvqState& st, const Side& s, const TensorView& out, const char* name) {
+  const Shape4 want{st.batch, st.heads, st.offset, s.head_dim};
+  if (out.shape != want) {
+    throw Error("skvq: fetch_into " + std::string(name) + " shape " + shape_string(out.shape) +
+                " must be " + shape_string(want));
+  }
+  if (out.numel() > 0 && out.data == nullptr) {
+    throw Error("skvq: fetch_into " + std::string(name) + " has no data (null pointer)");
+  }
+}
+
+}  // namespace
+
+SkvqCache::SkvqCache(const Config& config) {
+  config.validate();
+  state_ = std::make_unique<SkvqState>();
+  state_->cfg = config;
+}
+
+SkvqCache::SkvqCache(const SkvqCache& other) : state_(std::make_unique<SkvqState>(*other.state_)) {}
+SkvqCache& SkvqCache::operator=(const SkvqCache& other) {
+  if (this != &other) state_ = std::make_unique<SkvqState>(*other.state_);
+  return *this;
+}
+SkvqCache::SkvqCache(SkvqCache&&) noexcept = default;
+SkvqCache& SkvqCache::operator=(SkvqCache&&) noexcept = default;
+SkvqCache::~SkvqCache() = default;
+
+void SkvqCache::set_kernel(Kernel k) { state_->kernel = k; }
+
+std::pair<TensorView, TensorView> SkvqCache::update_and_fetch(const TensorView& keys,
+                                                              const TensorView& values) {
+  if (!state_->cfg.dense_view) {
+    throw Error("skvq: update_and_fetch needs dense_view=true; this cache is packed-only "
+                "(use append and fetch_into)");
+  }
+  append(keys, values);
+  return {dense_view_of(*state_, state_->k), dense_view_of(*state_, state_->v)};
+}
+
+void SkvqCache::append(const TensorView& keys, const TensorView& values) {
+  check_append(*state_, keys, values);
+  append_checked(*state_, keys, values);
+}
+
+void SkvqCache::fetch_into(const TensorView& keys_out, const TensorView& values_out) const {
+  const SkvqState& st = *state_;
+  if (!st.initialized) {
+    if (keys_out.shape[2] != 0 || values_out.shape[2] != 0) {
+      throw Error("skvq: fetch_into on an empty cache needs T=0 outputs, got keys " +
+                  shape_string(keys_out.shape));
+    }
+    return;
+  }
+  check_out(st, st.k, keys_out, "keys");
+  check_out(st, st.v, values_out, "values");
+  fetch_side(st, st.k, keys_out);
+  fetch_side(st, st.v, values_out);
+}
+
+std::int64_t SkvqCache::offset() const { return state_->offset; }
+std::int64_t SkvqCache::q_end() const { return state_->q_end; }
+const Config& SkvqCache::config() const { return state_->cfg; }
+
+void SkvqCache::trim(std::int64_t n) {
+  throw Error("skvq: trim(" + std::to_string(n) +
+              ") refused: an SKVQ cache is not trimmable (flushed rows have lost their exact values)");
+}
+
+std::optional<std::vector<std::int32_t>> SkvqCache::key_perms() const {
+  if (state_->k.perm.empty()) return std::nullopt;
+  return state_->k.perm;
+}
+std::optional<std::vector<std::int32_t>> SkvqCache::value_perms() const {
+  if (state_->v.perm.empty()) return std::nullopt;
+  return state_->v.perm;
+}
+
+Accounting SkvqCache::accounting() const {
+  const SkvqState& st = *state_;
+  Accounting a;
+  for (const auto& c : st.k.chunks) {
+    a.compressed_key_bytes += static_cast<std::int64_t>(c.codes.size() + c.lo.size() + c.scale.size());
+  }
+  for (const auto& c : st.v.chunks) {
+    a.compressed_value_bytes += static_cast<std::int64_t>(c.codes.size() + c.lo.size() + c.scale.size());
+  }
+  a.fp16_key_bytes = st.fp16_key_bytes;
+  a.fp16_value_bytes = st.fp16_value_bytes;
+  a.residual_fp16_bytes = (st.offset - st.q_end + st.sinks_held()) *
+                          (st.k.head_dim + st.v.head_dim) * 2 * st.batch * st.heads;
+  a.perm_bytes = static_cast<std::int64_t>(st.k.perm.size() + st.v.perm.size()) * 4;
+  a.quantized_tokens = st.q_end;
+  a.tokens_seen = st.tokens_seen;
+  const std::int64_t nq = st.q_end - st.sinks_held();
+  a.assigned_avg_bits = nq == 0 ? 16.0
+                                : 8.0 * static_cast<double>(a.compressed_key_bytes) /
+                                      static_cast<double>(nq * st.k.head_dim * st.batch * st.heads);
+  return a;
+}
+
+StoredBytes SkvqCache::stored_bytes() const {
+  const SkvqState& st = *state_;
+  StoredBytes b;
+  for (const Side* s : {&st.k, &st.v}) {
+    for (const auto& c : s->chunks) {
+      b.codes += static_cast<std::int64_t>(c.codes.size());
+      b.metadata += static_cast<std::int64_t>(c.lo.size() + c.scale.size());
+    }
+    b.sinks += static_cast<std::int64_t>(s->sinks.size());
+    b.tail += static_cast<std::int64_t>(s->tail.size());
+    b.perms += static_cast<std::int64_t>(s->perm.size() + s->inv.size()) * 4;
+    b.dense_view += static_cast<std::int64_t>(s->dense.size());
+  }
+  return b;
+}
+
+std::unique_ptr<LayerCache> SkvqCache::clone() const { return std::make_unique<SkvqCache>(*this); }
+
+bool SkvqCache::same_state(const SkvqCache& other) const {
+  const SkvqState& a = *state_;
+  const SkvqState& b = *other.state_;
+  if (!(a.cfg == b.cfg) || a.initialized != b.initialized || a.dtype != b.dtype ||
+      a.batch != b.batch || a.heads != b.heads || a.offset != b.offset || a.q_end != b.q_end ||
+      a.fp16_key_bytes != b.fp16_key_bytes || a.fp16_value_bytes != b.fp16_value_bytes ||
+      a.tokens_seen != b.tokens_seen) {
+    return false;
+  }
+  const std::int64_t es = a.esize(), r = a.cfg.window, live = a.offset - a.q_end;
+  for (int which = 0; which < 2; ++which) {
+    const Side& x = which == 0 ? a.k : a.v;
+    const Side& y = which == 0 ? b.k : b.v;
+    if (x.head_dim != y.head_dim || x.bits != y.bits || !(x.chunks == y.chunks) ||
+        x.perm != y.perm || x.inv != y.inv || x.sinks != y.sinks) {
+      return false;
+    }
+    const std::int64_t D = x.head_dim, row = D * es;
+    for (std::int64_t bh = 0; bh < a.batch * a.heads; ++bh) {
+      if (live > 0 && std::memcmp(x.tail.data() + bh * r * row, y.tail.data() + bh * r * row,
+                                  static_cast<std::size_t>(live * row)) != 0) {
+        return false;
+      }
+      if (x.dense.empty() != y.dense.empty()) return false;
+      if (!x.dense.empty() && a.offset > 0 &&
+          std::memcmp(x.dense.data() + bh * a.dense_cap * row, y.dense.data() + bh * b.dense_cap * row,
+                      static_cast<std::size_t>(a.offset * row)) != 0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace skvq

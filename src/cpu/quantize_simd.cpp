@@ -1,0 +1,139 @@
+// Highway SIMD version of the clipped min/max group quantizer (spec section
+// 4). Lanes hold different rows; each lane does exactly the reference's
+// float32 operations in the reference's order, so codes and metadata match
+// ref::quantize_rows bit for bit (the error sum stays in slot order).
+#include "cpu/quantize_simd.hpp"
+
+#include <algorithm>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/quantize_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
+
+#include "ref/meta.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace skvq::cpu::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+void QuantizeRows(const QuantParams& p) {
+  const hn::ScalableTag<float> d;
+  using V = hn::Vec<decltype(d)>;
+  const std::size_t L = hn::Lanes(d);
+  const int g = p.group_size;
+  const int P = p.padded_dim;
+  const int G = P / g;
+  const float levels_f = static_cast<float>((1 << p.bits) - 1);
+  const V levels = hn::Set(d, levels_f);
+  const V zero = hn::Zero(d);
+  const V half = hn::Set(d, 0.5f);
+  const V floor_scale = hn::Set(d, ref::kMinScaleF32);
+  const V inv_g = hn::Set(d, 1.0f / static_cast<float>(g));
+
+  auto xt = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);  // [P][L] transposed block
+  auto lane_lo = hwy::AllocateAligned<float>(L);
+  auto lane_scale = hwy::AllocateAligned<float>(L);
+  auto lane_code = hwy::AllocateAligned<float>(L);
+
+  for (std::int64_t r0 = 0; r0 < p.n_rows; r0 += static_cast<std::int64_t>(L)) {
+    const std::size_t nb = static_cast<std::size_t>(std::min<std::int64_t>(L, p.n_rows - r0));
+    for (std::size_t l = 0; l < L; ++l) {  // idle lanes repeat the last row
+      const float* row = p.x + (r0 + static_cast<std::int64_t>(std::min(l, nb - 1))) * P;
+      for (int j = 0; j < P; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[j];
+    }
+    for (int k = 0; k < G; ++k) {
+      const float* grp = xt.get() + static_cast<std::size_t>(k) * g * L;
+      V gmin = hn::Load(d, grp), gmax = gmin;
+      for (int s = 1; s < g; ++s) {
+        const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
+        gmin = hn::Min(gmin, x);
+        gmax = hn::Max(gmax, x);
+      }
+      const V mid = hn::Mul(hn::Add(gmax, gmin), half);
+      const V rng = hn::Sub(gmax, gmin);
+
+      V best_err = zero, best_lo = zero, best_scale = zero;
+      for (int a = 0; a < p.n_grid; ++a) {
+        const V t = hn::Mul(hn::Set(d, p.grid[a]), rng);
+        V lo = hn::Sub(mid, hn::Mul(t, half));
+        V scale = hn::Max(hn::Div(t, levels), floor_scale);
+        if (p.meta != MetaType::fp32) {  // per-lane rounding to the storage type
+          hn::Store(lo, d, lane_lo.get());
+          hn::Store(scale, d, lane_scale.get());
+          for (std::size_t l = 0; l < L; ++l) {
+            lane_lo[l] = ref::meta_round_lo(lane_lo[l], p.meta);
+            lane_scale[l] = ref::meta_round_scale(lane_scale[l], p.meta);
+          }
+          lo = hn::Load(d, lane_lo.get());
+          scale = hn::Load(d, lane_scale.get());
+        }
+        V err = zero;
+        for (int s = 0; s < g; ++s) {
+          const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
+          const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(x, lo), scale)), zero), levels);
+          const V diff = hn::Sub(hn::Add(hn::Mul(code, scale), lo), x);
+          err = hn::Add(err, hn::Mul(diff, diff));
+        }
+        err = hn::Mul(err, inv_g);
+        if (a == 0) {
+          best_err = err;
+          best_lo = lo;
+          best_scale = scale;
+        } else {  // strictly smaller wins; ties keep the earlier alpha
+          const auto better = hn::Lt(err, best_err);
+          best_err = hn::IfThenElse(better, err, best_err);
+          best_lo = hn::IfThenElse(better, lo, best_lo);
+          best_scale = hn::IfThenElse(better, scale, best_scale);
+        }
+      }
+      hn::Store(best_lo, d, lane_lo.get());
+      hn::Store(best_scale, d, lane_scale.get());
+      for (std::size_t l = 0; l < nb; ++l) {
+        p.lo[(r0 + static_cast<std::int64_t>(l)) * G + k] = lane_lo[l];
+        p.scale[(r0 + static_cast<std::int64_t>(l)) * G + k] = lane_scale[l];
+      }
+      for (int s = 0; s < g; ++s) {
+        const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
+        const V code =
+            hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(x, best_lo), best_scale)), zero), levels);
+        hn::Store(code, d, lane_code.get());
+        for (std::size_t l = 0; l < nb; ++l) {
+          p.codes[(r0 + static_cast<std::int64_t>(l)) * P + k * g + s] =
+              static_cast<std::uint8_t>(lane_code[l]);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace skvq::cpu::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace skvq::cpu {
+
+HWY_EXPORT(QuantizeRows);
+
+void quantize_rows(const QuantParams& p) {
+  if (p.n_rows <= 0) return;
+  HWY_DYNAMIC_DISPATCH(QuantizeRows)(p);
+}
+
+std::string target_name(std::int64_t target) { return hwy::TargetName(target); }
+
+std::string active_target() {
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  return targets.empty() ? "none" : hwy::TargetName(targets.front());
+}
+
+std::vector<std::int64_t> available_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+void force_target(std::int64_t target) {
+  hwy::SetSupportedTargetsForTest(target);
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+}  // namespace skvq::cpu
+#endif  // HWY_ONCE

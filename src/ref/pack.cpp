@@ -1,0 +1,31 @@
+// Reference bit packing (layout drawn in pack.hpp).
+#include "ref/pack.hpp"
+
+namespace skvq::ref {
+
+void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* stream,
+                std::int64_t first) {
+  const unsigned mask = (1u << bits) - 1u;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t bit = (first + i) * bits;
+    const unsigned v = (codes[i] & mask) << (bit & 7);
+    stream[bit >> 3] = static_cast<std::uint8_t>(stream[bit >> 3] | (v & 0xffu));
+    if ((bit & 7) + bits > 8) {
+      stream[(bit >> 3) + 1] = static_cast<std::uint8_t>(stream[(bit >> 3) + 1] | (v >> 8));
+    }
+  }
+}
+
+void unpack_codes(const std::uint8_t* stream, std::int64_t stream_bytes, std::int64_t first,
+                  std::int64_t n, int bits, std::uint8_t* codes) {
+  const unsigned mask = (1u << bits) - 1u;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t bit = (first + i) * bits;
+    const std::int64_t byte = bit >> 3;
+    unsigned w = stream[byte];
+    if (byte + 1 < stream_bytes) w |= static_cast<unsigned>(stream[byte + 1]) << 8;
+    codes[i] = static_cast<std::uint8_t>((w >> (bit & 7)) & mask);
+  }
+}
+
+}  // namespace skvq::ref

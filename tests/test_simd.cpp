@@ -1,0 +1,134 @@
+// The Highway SIMD quantizer against the scalar reference, on every SIMD
+// target this CPU supports: codes, lo and scale must be identical.
+#include <gtest/gtest.h>
+
+#include "cpu/quantize_simd.hpp"
+#include "ref/quantize.hpp"
+#include "test_util.hpp"
+
+namespace skvq::test {
+namespace {
+
+enum class Data { normal, outliers, ties, constant_rows, tiny_range };
+
+std::vector<float> make_rows(std::int64_t n, int D, int P, Data kind, std::uint32_t seed) {
+  Normal rng(seed);
+  std::vector<float> x(static_cast<std::size_t>(n * P));
+  for (std::int64_t r = 0; r < n; ++r) {
+    float* row = x.data() + r * P;
+    for (int j = 0; j < D; ++j) {
+      float v = rng();
+      switch (kind) {
+        case Data::normal: break;
+        case Data::outliers: v *= (rng.next() % 16 == 0) ? 20.0f : 1.0f; break;
+        case Data::ties: v = static_cast<float>(rng.next() % 8) * 0.5f; break;  // many exact half-steps
+        case Data::constant_rows: v = static_cast<float>(r % 5) - 2.0f; break;
+        case Data::tiny_range: v = 1.0f + v * 1e-7f; break;
+      }
+      row[j] = v;
+    }
+    for (int j = D; j < P; ++j) row[j] = row[D - 1];
+  }
+  return x;
+}
+
+struct Out {
+  std::vector<std::uint8_t> codes;
+  std::vector<float> lo, scale;
+};
+
+Out run(bool simd, const std::vector<float>& x, std::int64_t n, int P, int g, int bits, MetaType meta,
+        const std::vector<float>& grid) {
+  Out o;
+  o.codes.assign(static_cast<std::size_t>(n * P), 0xAA);
+  o.lo.assign(static_cast<std::size_t>(n * (P / g)), -1.0f);
+  o.scale.assign(o.lo.size(), -1.0f);
+  QuantParams p;
+  p.x = x.data();
+  p.n_rows = n;
+  p.padded_dim = P;
+  p.group_size = g;
+  p.bits = bits;
+  p.grid = grid.data();
+  p.n_grid = static_cast<int>(grid.size());
+  p.meta = meta;
+  p.codes = o.codes.data();
+  p.lo = o.lo.data();
+  p.scale = o.scale.data();
+  if (simd) cpu::quantize_rows(p);
+  else ref::quantize_rows(p);
+  return o;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class SimdTarget : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override { cpu::force_target(GetParam()); }
+  void TearDown() override { cpu::force_target(0); }
+};
+
+TEST_P(SimdTarget, MatchesReferenceOnAwkwardShapes) {
+  std::uint32_t seed = 1;
+  int cases = 0;
+  for (int D : {8, 10, 64, 96, 128, 256}) {
+    for (int g : {4, 7, 16, 32, 128, 256}) {
+      const int G = (D + g - 1) / g, P = G * g;
+      for (int bits = 1; bits <= 8; ++bits) {
+        const MetaType meta = static_cast<MetaType>(bits % 3);
+        const std::int64_t n = std::vector<std::int64_t>{1, 7, 15, 16, 17, 33}[static_cast<std::size_t>(bits % 6)];
+        const Data kind = static_cast<Data>((seed++) % 5);
+        const auto x = make_rows(n, D, P, kind, seed);
+        const auto grid = bits % 2 ? default_clip_grid() : std::vector<float>{0.9f};
+        const Out a = run(false, x, n, P, g, bits, meta, grid);
+        const Out b = run(true, x, n, P, g, bits, meta, grid);
+        ASSERT_EQ(a.codes, b.codes) << "D=" << D << " g=" << g << " bits=" << bits << " n=" << n;
+        ASSERT_TRUE(same_bits(a.lo, b.lo)) << "D=" << D << " g=" << g << " bits=" << bits;
+        ASSERT_TRUE(same_bits(a.scale, b.scale)) << "D=" << D << " g=" << g << " bits=" << bits;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 6 * 6 * 8);
+}
+
+TEST_P(SimdTarget, EveryMetaAndDataKind) {
+  for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+    for (int k = 0; k < 5; ++k) {
+      for (int bits : {1, 2, 3, 4, 8}) {
+        const auto x = make_rows(67, 128, 128, static_cast<Data>(k), 77u + static_cast<std::uint32_t>(k));
+        const Out a = run(false, x, 67, 128, 32, bits, meta, default_clip_grid());
+        const Out b = run(true, x, 67, 128, 32, bits, meta, default_clip_grid());
+        ASSERT_EQ(a.codes, b.codes) << "meta " << static_cast<int>(meta) << " kind " << k << " bits " << bits;
+        ASSERT_TRUE(same_bits(a.lo, b.lo));
+        ASSERT_TRUE(same_bits(a.scale, b.scale));
+      }
+    }
+  }
+}
+
+std::vector<std::int64_t> targets() { return cpu::available_targets(); }
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, SimdTarget, ::testing::ValuesIn(targets()),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return cpu::target_name(info.param);
+                         });
+
+TEST(SimdCache, SimdAndReferenceFlushGiveIdenticalState) {
+  for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+    Config cfg = spec_config();
+    cfg.metadata = meta;
+    cfg.group_size = 12;  // ragged: 64 = 5 * 12 + 4
+    SkvqCache a(cfg), b(cfg);
+    b.set_kernel(Kernel::reference);
+    Tensor k = randn({2, 3, 70, 64}, 200, DType::f16, true), v = randn({2, 3, 70, 64}, 201, DType::f16, true);
+    a.update_and_fetch(k.view(), v.view());
+    b.update_and_fetch(k.view(), v.view());
+    EXPECT_TRUE(a.same_state(b));
+  }
+}
+
+}  // namespace
+}  // namespace skvq::test

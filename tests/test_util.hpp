@@ -1,0 +1,118 @@
+// Shared helpers for the tests: deterministic inputs, the spec's standard
+// cases, and comparisons.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "skvq/skvq.hpp"
+
+namespace skvq::test {
+
+// Standard normal samples from a fixed generator (Box-Muller on mt19937, so
+// the stream is the same with every standard library).
+class Normal {
+ public:
+  explicit Normal(std::uint32_t seed) : gen_(seed) {}
+  float operator()() {
+    if (has_) {
+      has_ = false;
+      return spare_;
+    }
+    double u1 = 0.0;
+    do u1 = uniform(); while (u1 <= 1e-300);
+    const double u2 = uniform();
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+    has_ = true;
+    return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+  }
+  double uniform() { return static_cast<double>(gen_()) / 4294967296.0; }
+  std::uint32_t next() { return gen_(); }
+
+ private:
+  std::mt19937 gen_;
+  bool has_ = false;
+  float spare_ = 0.0f;
+};
+
+// Standard normal values, rounded to `dtype`; optionally channel c multiplied
+// by a fixed per-channel scale from logspace(-2, 1, D), shuffled.
+inline Tensor randn(Shape4 shape, std::uint32_t seed, DType dtype = DType::f16, bool heterogeneous = false) {
+  Tensor t(dtype, shape);
+  Normal rng(seed);
+  std::vector<float> ch(static_cast<std::size_t>(shape[3]), 1.0f);
+  if (heterogeneous) {
+    const std::int64_t D = shape[3];
+    for (std::int64_t c = 0; c < D; ++c) {
+      const double e = D == 1 ? -2.0 : -2.0 + 3.0 * static_cast<double>(c) / static_cast<double>(D - 1);
+      ch[static_cast<std::size_t>(c)] = static_cast<float>(std::pow(10.0, e));
+    }
+    std::mt19937 sh(seed ^ 0x5eedu);
+    std::shuffle(ch.begin(), ch.end(), sh);
+  }
+  const auto v = t.view();
+  for (std::int64_t b = 0; b < shape[0]; ++b)
+    for (std::int64_t h = 0; h < shape[1]; ++h)
+      for (std::int64_t s = 0; s < shape[2]; ++s)
+        for (std::int64_t d = 0; d < shape[3]; ++d) v.set(b, h, s, d, rng() * ch[static_cast<std::size_t>(d)]);
+  return t;
+}
+
+// The spec's test default: D = head_dim = 64, window 16, n_sink 4, group 16, 2/2 bits.
+inline Config spec_config() {
+  Config c;
+  c.head_dim = 64;
+  c.window = 16;
+  c.n_sink = 4;
+  c.group_size = 16;
+  c.bits_key = 2;
+  c.bits_value = 2;
+  return c;
+}
+
+inline bool row_bits_equal(const TensorView& a, const TensorView& b, std::int64_t bb, std::int64_t h,
+                           std::int64_t ta, std::int64_t tb) {
+  if (a.dtype != b.dtype || a.shape[3] != b.shape[3]) return false;
+  for (std::int64_t d = 0; d < a.shape[3]; ++d) {
+    if (std::memcmp(a.ptr(bb, h, ta, d), b.ptr(bb, h, tb, d), dtype_size(a.dtype)) != 0) return false;
+  }
+  return true;
+}
+
+// Bitwise equality of two views over tokens [t0, t1) (default: all).
+inline bool bits_equal(const TensorView& a, const TensorView& b, std::int64_t t0 = 0, std::int64_t t1 = -1) {
+  if (a.shape[0] != b.shape[0] || a.shape[1] != b.shape[1] || a.shape[3] != b.shape[3]) return false;
+  if (t1 < 0) {
+    if (a.shape[2] != b.shape[2]) return false;
+    t1 = a.shape[2];
+  }
+  for (std::int64_t bb = 0; bb < a.shape[0]; ++bb)
+    for (std::int64_t h = 0; h < a.shape[1]; ++h)
+      for (std::int64_t t = t0; t < t1; ++t)
+        if (!row_bits_equal(a, b, bb, h, t, t)) return false;
+  return true;
+}
+
+inline double mse(const TensorView& a, const TensorView& b) {
+  double s = 0.0;
+  std::int64_t n = 0;
+  for (std::int64_t bb = 0; bb < a.shape[0]; ++bb)
+    for (std::int64_t h = 0; h < a.shape[1]; ++h)
+      for (std::int64_t t = 0; t < a.shape[2]; ++t)
+        for (std::int64_t d = 0; d < a.shape[3]; ++d) {
+          const double e = static_cast<double>(a.at(bb, h, t, d)) - b.at(bb, h, t, d);
+          s += e * e;
+          ++n;
+        }
+  return n ? s / static_cast<double>(n) : 0.0;
+}
+
+}  // namespace skvq::test

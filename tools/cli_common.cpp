@@ -1,0 +1,49 @@
+// Atomic multi-file output for the subcommands.
+#include "cli_common.hpp"
+
+#include <fstream>
+#include <vector>
+
+namespace skvq::tools {
+
+namespace fs = std::filesystem;
+
+void write_all_or_nothing(const fs::path& dir, const std::map<std::string, std::string>& files,
+                          const std::vector<std::string>& remove_stale) {
+  std::error_code ec;
+  bool created = false;
+  if (!fs::exists(dir, ec)) {
+    created = fs::create_directories(dir, ec);
+    if (ec) throw UsageError("--out " + dir.string() + ": cannot create directory: " + ec.message());
+  } else if (!fs::is_directory(dir, ec)) {
+    throw UsageError("--out " + dir.string() + ": exists and is not a directory");
+  }
+  std::vector<fs::path> temps;
+  auto cleanup = [&] {
+    std::error_code ignore;
+    for (const auto& t : temps) fs::remove(t, ignore);
+    if (created) fs::remove_all(dir, ignore);
+  };
+  try {
+    for (const auto& [name, bytes] : files) {
+      const fs::path tmp = dir / ("." + name + ".partial");
+      temps.push_back(tmp);
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+      f.flush();
+      if (!f) throw UsageError("--out " + dir.string() + ": cannot write " + name);
+    }
+    for (const auto& [name, bytes] : files) {
+      fs::rename(dir / ("." + name + ".partial"), dir / name, ec);
+      if (ec) throw UsageError("--out " + dir.string() + ": cannot rename into " + name + ": " + ec.message());
+    }
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  for (const auto& name : remove_stale) {
+    if (!files.count(name)) fs::remove(dir / name, ec);
+  }
+}
+
+}  // namespace skvq::tools
