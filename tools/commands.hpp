@@ -11,5 +11,6 @@ namespace skvq::tools {
 using CommandList = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 void register_quantize(CLI::App& app, CommandList& commands);
+void register_demo(CLI::App& app, CommandList& commands);
 
 }  // namespace skvq::tools

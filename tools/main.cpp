@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string active;
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
+  skvq::tools::register_demo(app, commands);
   skvq::tools::register_quantize(app, commands);
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;

@@ -103,4 +103,44 @@ inline void store_from_f32(std::byte* p, DType t, float v) {
   }
 }
 
+// n contiguous elements of type t at p into out[0..n) as float32.
+inline void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out) {
+  switch (t) {
+    case DType::f32: __builtin_memcpy(out, p, static_cast<std::size_t>(n) * 4); return;
+    case DType::f16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t h;
+        __builtin_memcpy(&h, p + 2 * i, 2);
+        out[i] = f16_to_f32(h);
+      }
+      return;
+    case DType::bf16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        std::uint16_t h;
+        __builtin_memcpy(&h, p + 2 * i, 2);
+        out[i] = bf16_to_f32(h);
+      }
+      return;
+  }
+}
+
+// out[0..n) as n contiguous elements of type t at p (round to nearest even).
+inline void store_row_f32(std::byte* p, DType t, std::int64_t n, const float* in) {
+  switch (t) {
+    case DType::f32: __builtin_memcpy(p, in, static_cast<std::size_t>(n) * 4); return;
+    case DType::f16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t h = f32_to_f16(in[i]);
+        __builtin_memcpy(p + 2 * i, &h, 2);
+      }
+      return;
+    case DType::bf16:
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::uint16_t h = f32_to_bf16(in[i]);
+        __builtin_memcpy(p + 2 * i, &h, 2);
+      }
+      return;
+  }
+}
+
 }  // namespace skvq

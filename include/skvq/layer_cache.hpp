@@ -141,6 +141,11 @@ class SkvqCache final : public LayerCache {
 
   void set_kernel(Kernel k);
 
+  // Sizes the dense view for `tokens` tokens ahead of time (no effect in
+  // packed-only mode or before the first call fixes B, H and the dtype: it
+  // is then applied at the first call). Never shrinks.
+  void reserve(std::int64_t tokens);
+
   // Every bit of state equal (codes, metadata, tail, sinks, perms, counters, config).
   bool same_state(const SkvqCache& other) const;
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 #include "skvq/error.hpp"
 
@@ -52,11 +53,22 @@ void check_kv_pair(const TensorView& keys, const TensorView& values) {
 
 void check_values(const TensorView& t, const char* name, float limit, const std::string& why) {
   const auto& s = t.shape;
+  std::vector<float> row(static_cast<std::size_t>(s[3]));
   for (std::int64_t b = 0; b < s[0]; ++b)
     for (std::int64_t h = 0; h < s[1]; ++h)
-      for (std::int64_t i = 0; i < s[2]; ++i)
+      for (std::int64_t i = 0; i < s[2]; ++i) {
+        if (t.strides[3] == 1) {
+          load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
+        } else {
+          for (std::int64_t d = 0; d < s[3]; ++d) row[static_cast<std::size_t>(d)] = t.at(b, h, i, d);
+        }
+        bool ok = true;
+        for (std::int64_t d = 0; d < s[3]; ++d) {  // branch-free scan; locate the culprit only on failure
+          ok &= std::fabs(row[static_cast<std::size_t>(d)]) <= limit;
+        }
+        if (ok) continue;
         for (std::int64_t d = 0; d < s[3]; ++d) {
-          const float x = t.at(b, h, i, d);
+          const float x = row[static_cast<std::size_t>(d)];
           if (!std::isfinite(x)) {
             std::ostringstream os;
             os << "skvq: " << pos(name, b, h, i, d) << " = " << x
@@ -70,6 +82,7 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
             throw Error(os.str());
           }
         }
+      }
 }
 
 }  // namespace skvq::detail

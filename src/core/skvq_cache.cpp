@@ -110,13 +110,15 @@ void flush_side(SkvqState& st, Side& s) {
   if (first && cfg.reorder) compute_perms(st, s);
 
   // Gather the rows to quantize as float32, permuted and padded.
-  std::vector<float> x(static_cast<std::size_t>(BH * nq * P));
+  std::vector<float> x(static_cast<std::size_t>(BH * nq * P)), row(static_cast<std::size_t>(D));
   for (std::int64_t bh = 0; bh < BH; ++bh) {
     const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
     for (std::int64_t i = 0; i < nq; ++i) {
-      const std::byte* row = s.tail.data() + (bh * r + skip + i) * D * es;
       float* xr = x.data() + (bh * nq + i) * P;
-      for (std::int64_t j = 0; j < D; ++j) xr[j] = load_as_f32(row + (perm ? perm[j] : j) * es, st.dtype);
+      load_row_f32(s.tail.data() + (bh * r + skip + i) * D * es, st.dtype, D, perm ? row.data() : xr);
+      if (perm) {
+        for (std::int64_t j = 0; j < D; ++j) xr[j] = row[static_cast<std::size_t>(perm[j])];
+      }
       for (std::int64_t j = D; j < P; ++j) xr[j] = xr[D - 1];
     }
   }
@@ -168,8 +170,8 @@ void flush_side(SkvqState& st, Side& s) {
     for (std::int64_t bh = 0; bh < BH; ++bh)
       for (std::int64_t i = 0; i < nq; ++i) {
         st.dequantize(s, s.chunks.size() - 1, bh, i, rec.data());
-        std::byte* out = s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es;
-        for (std::int64_t j = 0; j < D; ++j) store_from_f32(out + j * es, st.dtype, rec[j]);
+        store_row_f32(s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es, st.dtype, D,
+                      rec.data());
       }
   }
 }
@@ -244,8 +246,8 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
     }
   }
   const std::int64_t S = k.shape[2];
-  if (cfg.dense_view && st.offset + S > st.dense_cap) {
-    std::int64_t cap = std::max({st.offset + S, 2 * st.dense_cap, r});
+  if (cfg.dense_view && (st.offset + S > st.dense_cap || st.reserved > st.dense_cap)) {
+    std::int64_t cap = std::max({st.offset + S, 2 * st.dense_cap, r, st.reserved});
     if (cfg.max_ctx) cap = std::min(cap, *cfg.max_ctx);
     for (Side* s : {&st.k, &st.v}) grow_dense(st, *s, cap);
     st.dense_cap = cap;
@@ -335,6 +337,16 @@ SkvqCache& SkvqCache::operator=(SkvqCache&&) noexcept = default;
 SkvqCache::~SkvqCache() = default;
 
 void SkvqCache::set_kernel(Kernel k) { state_->kernel = k; }
+
+void SkvqCache::reserve(std::int64_t tokens) {
+  SkvqState& st = *state_;
+  if (tokens < 0) throw Error("skvq: reserve(" + std::to_string(tokens) + ") must be >= 0");
+  if (st.cfg.max_ctx) tokens = std::min(tokens, *st.cfg.max_ctx);
+  st.reserved = std::max(st.reserved, tokens);
+  if (!st.initialized || !st.cfg.dense_view || tokens <= st.dense_cap) return;
+  for (Side* s : {&st.k, &st.v}) grow_dense(st, *s, tokens);
+  st.dense_cap = tokens;
+}
 
 std::pair<TensorView, TensorView> SkvqCache::update_and_fetch(const TensorView& keys,
                                                               const TensorView& values) {

@@ -55,6 +55,7 @@ struct SkvqState {
   std::int64_t offset = 0;     // tokens held
   std::int64_t q_end = 0;      // flush frontier, multiple of window
   std::int64_t dense_cap = 0;  // token capacity of the dense view
+  std::int64_t reserved = 0;   // capacity asked for by reserve()
   std::int64_t fp16_key_bytes = 0;
   std::int64_t fp16_value_bytes = 0;
   std::int64_t tokens_seen = 0;

@@ -2,6 +2,7 @@
 #include "skvq/tensor.hpp"
 
 #include <cstring>
+#include <sstream>
 
 #include "skvq/error.hpp"
 
@@ -33,8 +34,9 @@ TensorView TensorView::slice_tokens(std::int64_t t0, std::int64_t n) const {
 }
 
 std::string shape_string(const Shape4& s) {
-  return "[" + std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) +
-         ", " + std::to_string(s[3]) + "]";
+  std::ostringstream os;
+  os << '[' << s[0] << ", " << s[1] << ", " << s[2] << ", " << s[3] << ']';
+  return os.str();
 }
 
 Tensor::Tensor(DType dtype, Shape4 shape) {

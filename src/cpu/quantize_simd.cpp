@@ -18,6 +18,30 @@ HWY_BEFORE_NAMESPACE();
 namespace skvq::cpu::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// Lane-wise twin of ref::round_to_format: quantum q = 2^(max(exponent, emin) - mant),
+// r = min(rint(|v| / q) * q, maxv) with the sign of v. |v| / q is exact.
+template <class D, class V>
+V RoundToFormat(D d, V v, int mant, int emin, float maxv) {
+  const hn::RebindToSigned<D> di;
+  const V a = hn::Abs(v);
+  auto e = hn::ShiftRight<23>(hn::BitCast(di, a));  // biased exponent (0 for zero and subnormals)
+  e = hn::Max(e, hn::Set(di, emin + 127));
+  const V q = hn::BitCast(d, hn::ShiftLeft<23>(hn::Sub(e, hn::Set(di, mant))));
+  const V r = hn::Min(hn::Mul(hn::Round(hn::Div(a, q)), q), hn::Set(d, maxv));
+  return hn::CopySign(r, v);
+}
+
+template <class D, class V>
+void RoundMeta(D d, MetaType meta, V& lo, V& scale) {
+  if (meta == MetaType::fp16) {
+    lo = RoundToFormat(d, lo, 10, -14, ref::kMaxF16);
+    scale = hn::Max(RoundToFormat(d, scale, 10, -14, ref::kMaxF16), hn::Set(d, ref::kMinScaleF16));
+  } else if (meta == MetaType::fp8_e4m3) {
+    lo = RoundToFormat(d, lo, 3, -6, ref::kMaxE4M3);
+    scale = hn::Max(RoundToFormat(d, scale, 3, -6, ref::kMaxE4M3), hn::Set(d, ref::kMinScaleE4M3));
+  }
+}
+
 void QuantizeRows(const QuantParams& p) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -59,16 +83,7 @@ void QuantizeRows(const QuantParams& p) {
         const V t = hn::Mul(hn::Set(d, p.grid[a]), rng);
         V lo = hn::Sub(mid, hn::Mul(t, half));
         V scale = hn::Max(hn::Div(t, levels), floor_scale);
-        if (p.meta != MetaType::fp32) {  // per-lane rounding to the storage type
-          hn::Store(lo, d, lane_lo.get());
-          hn::Store(scale, d, lane_scale.get());
-          for (std::size_t l = 0; l < L; ++l) {
-            lane_lo[l] = ref::meta_round_lo(lane_lo[l], p.meta);
-            lane_scale[l] = ref::meta_round_scale(lane_scale[l], p.meta);
-          }
-          lo = hn::Load(d, lane_lo.get());
-          scale = hn::Load(d, lane_scale.get());
-        }
+        RoundMeta(d, p.meta, lo, scale);  // what is stored is what is scored
         V err = zero;
         for (int s = 0; s < g; ++s) {
           const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);

@@ -6,6 +6,21 @@ namespace skvq::ref {
 void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* stream,
                 std::int64_t first) {
   const unsigned mask = (1u << bits) - 1u;
+  if ((bits == 1 || bits == 2 || bits == 4 || bits == 8) && (first * bits) % 8 == 0) {
+    // Whole bytes: 8 / bits codes per byte, lowest code in the lowest bits.
+    const int per = 8 / bits;
+    std::uint8_t* out = stream + first * bits / 8;
+    std::int64_t i = 0;
+    for (; i + per <= n; i += per) {
+      unsigned byte = 0;
+      for (int k = 0; k < per; ++k) byte |= (codes[i + k] & mask) << (k * bits);
+      *out++ |= static_cast<std::uint8_t>(byte);
+    }
+    unsigned byte = 0;
+    for (int k = 0; i + k < n; ++k) byte |= (codes[i + k] & mask) << (k * bits);
+    if (i < n) *out |= static_cast<std::uint8_t>(byte);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t bit = (first + i) * bits;
     const unsigned v = (codes[i] & mask) << (bit & 7);
