@@ -1,6 +1,7 @@
 // Umbrella header of the skvq library.
 #pragma once
 
+#include "skvq/attention.hpp"
 #include "skvq/config.hpp"
 #include "skvq/dtype.hpp"
 #include "skvq/error.hpp"

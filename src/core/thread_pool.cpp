@@ -1,0 +1,87 @@
+// ThreadPool implementation.
+#include "core/thread_pool.hpp"
+
+#include <algorithm>
+
+namespace skvq::detail {
+
+ThreadPool& ThreadPool::global() {
+  static ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency())) - 1);
+  return pool;
+}
+
+ThreadPool::ThreadPool(int workers) {
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_work_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_tasks() {
+  for (;;) {
+    std::int64_t i;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (next_ >= n_) return;
+      i = next_++;
+    }
+    try {
+      (*fn_)(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    if (++done_ == n_) cv_done_.notify_all();
+  }
+}
+
+void ThreadPool::worker_loop() {
+  std::uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_work_.wait(lk, [&] { return stop_ || (generation_ != seen && active_ < active_limit_); });
+      if (stop_) return;
+      seen = generation_;
+      ++active_;
+    }
+    run_tasks();
+    std::lock_guard<std::mutex> lk(mu_);
+    --active_;
+  }
+}
+
+void ThreadPool::parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn) {
+  if (n <= 0) return;
+  if (threads <= 1 || workers_.empty() || n == 1) {
+    for (std::int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::lock_guard<std::mutex> job(job_mu_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    fn_ = &fn;
+    n_ = n;
+    next_ = 0;
+    done_ = 0;
+    error_ = nullptr;
+    active_limit_ = std::min(threads - 1, static_cast<int>(workers_.size()));
+    ++generation_;
+  }
+  cv_work_.notify_all();
+  run_tasks();
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_done_.wait(lk, [&] { return done_ == n_; });
+  active_limit_ = 0;
+  fn_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
+}
+
+}  // namespace skvq::detail

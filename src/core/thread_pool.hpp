@@ -1,0 +1,43 @@
+// A small persistent thread pool for data-parallel loops (attention splits,
+// heads). parallel_for runs fn(i) for i in [0, n) on up to `threads` threads
+// (the caller included) and rethrows the first exception a task threw.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace skvq::detail {
+
+class ThreadPool {
+ public:
+  static ThreadPool& global();
+  explicit ThreadPool(int workers);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  void parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn);
+
+ private:
+  void worker_loop();
+  void run_tasks();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::mutex job_mu_;  // one parallel_for at a time
+  std::condition_variable cv_work_, cv_done_;
+  const std::function<void(std::int64_t)>* fn_ = nullptr;
+  std::int64_t n_ = 0, next_ = 0, done_ = 0;
+  int active_limit_ = 0, active_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace skvq::detail

@@ -1,0 +1,172 @@
+// attend() over the packed store: the SIMD kernel against the scalar
+// reference, and both against dense attention over what update_and_fetch
+// returns, with the tolerances derived in docs/numerics.md.
+#include <gtest/gtest.h>
+
+#include "ref/attention.hpp"
+#include "test_util.hpp"
+
+namespace skvq::test {
+namespace {
+
+constexpr double kU32 = 0x1p-24;
+
+double unit_roundoff(DType t) { return t == DType::f16 ? 0x1p-11 : t == DType::bf16 ? 0x1p-8 : kU32; }
+
+struct Case {
+  std::int64_t B, H, G, Sq, kv_len, D, Dv;
+  int window, n_sink, group, bk, bv;
+  MetaType meta;
+  DType dtype;
+};
+
+// max over visible rows of scale * sum_d |q_d k_d| and max |v|, per query row.
+struct RowScale {
+  double s_abs = 0, vmax = 0;
+};
+
+RowScale row_scale(const TensorView& q, const TensorView& k, const TensorView& v, float scale, std::int64_t b,
+                   std::int64_t hq, std::int64_t i, std::int64_t G) {
+  RowScale r;
+  const std::int64_t h = hq / G, T = k.shape[2], Sq = q.shape[2];
+  for (std::int64_t t = 0; t <= T - Sq + i; ++t) {
+    double s = 0;
+    for (std::int64_t d = 0; d < q.shape[3]; ++d) s += std::fabs(static_cast<double>(q.at(b, hq, i, d)) * k.at(b, h, t, d));
+    r.s_abs = std::max(r.s_abs, s * scale);
+    for (std::int64_t d = 0; d < v.shape[3]; ++d) r.vmax = std::max(r.vmax, std::fabs(static_cast<double>(v.at(b, h, t, d))));
+  }
+  return r;
+}
+
+void run_case(const Case& c, std::uint32_t seed) {
+  Config cfg;
+  cfg.head_dim = static_cast<int>(c.D);
+  cfg.window = c.window;
+  cfg.n_sink = c.n_sink;
+  cfg.group_size = c.group;
+  cfg.bits_key = c.bk;
+  cfg.bits_value = c.bv;
+  cfg.metadata = c.meta;
+  SkvqCache cache(cfg);
+  Tensor k = randn({c.B, c.H, c.kv_len, c.D}, seed, c.dtype, true);
+  Tensor v = randn({c.B, c.H, c.kv_len, c.Dv}, seed + 1, c.dtype, true);
+  Tensor q = randn({c.B, c.H * c.G, c.Sq, c.D}, seed + 2, DType::f32);
+  // Feed in two calls: the history, then the Sq rows the queries belong to.
+  if (c.kv_len > c.Sq) {
+    cache.update_and_fetch(k.view().slice_tokens(0, c.kv_len - c.Sq), v.view().slice_tokens(0, c.kv_len - c.Sq));
+  }
+  auto [kd, vd] = cache.update_and_fetch(k.view().slice_tokens(c.kv_len - c.Sq, c.Sq), v.view().slice_tokens(c.kv_len - c.Sq, c.Sq));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.D));
+  Tensor dense(DType::f32, {c.B, c.H * c.G, c.Sq, c.Dv});
+  ref::dense_attention(q.view(), kd, vd, scale, dense.view());
+  const Tensor simd = attend(cache, q.view(), scale);
+  const Tensor refo = attend(cache, q.view(), scale, AttendOptions{Kernel::reference, 1});
+  const Tensor one_thread = attend(cache, q.view(), scale, AttendOptions{Kernel::simd, 1});
+  const double u = unit_roundoff(c.dtype);
+  for (std::int64_t b = 0; b < c.B; ++b)
+    for (std::int64_t hq = 0; hq < c.H * c.G; ++hq)
+      for (std::int64_t i = 0; i < c.Sq; ++i) {
+        const RowScale rs = row_scale(q.view(), kd, vd, scale, b, hq, i, c.G);
+        const double n = static_cast<double>(c.D + c.kv_len + 16);
+        // float32 kernels vs each other: dot and sum rounding, a few ulp of exp.
+        const double tol_impl = (2 * n * kU32 * (1 + rs.s_abs) + 8 * kU32) * rs.vmax;
+        // attend reads float32 reconstructions; the dense tensors hold them rounded to the dtype.
+        const double eps = u * rs.s_abs;
+        const double tol_dense = ((std::exp(2 * eps) - 1) + u) * rs.vmax * 1.01 + tol_impl;
+        for (std::int64_t d = 0; d < c.Dv; ++d) {
+          const double r = refo.view().at(b, hq, i, d), s = simd.view().at(b, hq, i, d);
+          ASSERT_NEAR(s, r, tol_impl) << "simd vs ref at [" << b << "," << hq << "," << i << "," << d << "]";
+          ASSERT_NEAR(one_thread.view().at(b, hq, i, d), r, tol_impl);
+          ASSERT_NEAR(r, dense.view().at(b, hq, i, d), tol_dense) << "ref vs dense at [" << b << "," << hq << "," << i << "," << d << "]";
+        }
+      }
+}
+
+TEST(Attend, MatchesDenseAttentionOverReturnedTensors) {
+  const Case cases[] = {
+      // B, H, G, Sq, kv_len, D, Dv, window, sinks, group, bk, bv, meta, dtype
+      {1, 2, 1, 1, 1, 64, 64, 16, 4, 16, 2, 2, MetaType::fp16, DType::f16},       // one token
+      {1, 2, 1, 1, 10, 64, 64, 16, 4, 16, 2, 2, MetaType::fp16, DType::f16},      // all in tail
+      {1, 2, 4, 1, 16, 64, 64, 16, 15, 16, 2, 2, MetaType::fp16, DType::f16},     // sinks + 1 packed row
+      {2, 2, 4, 1, 300, 128, 128, 32, 5, 32, 2, 2, MetaType::fp16, DType::f16},   // GQA 4
+      {1, 1, 8, 3, 200, 64, 48, 16, 4, 16, 4, 4, MetaType::fp32, DType::f32},     // GQA 8, Sq 3, Dv != D
+      {1, 3, 1, 7, 129, 96, 96, 32, 5, 32, 4, 2, MetaType::fp8_e4m3, DType::bf16},  // prefill, e4m3
+      {2, 1, 2, 1, 97, 10, 10, 8, 2, 4, 3, 5, MetaType::fp16, DType::f16},        // ragged, generic bits
+      {1, 2, 1, 16, 64, 64, 64, 16, 0, 64, 8, 1, MetaType::fp32, DType::f16},     // Sq == window, no sinks
+      {1, 2, 2, 1, 2048, 128, 128, 128, 5, 128, 2, 2, MetaType::fp16, DType::f16},  // many splits
+      {1, 1, 1, 5, 5, 32, 32, 8, 2, 8, 2, 2, MetaType::fp16, DType::f16},         // Sq == kv_len
+  };
+  std::uint32_t seed = 10;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("kv_len " + std::to_string(c.kv_len) + " D " + std::to_string(c.D) + " G " + std::to_string(c.G));
+    run_case(c, seed += 10);
+  }
+}
+
+TEST(Attend, RandomShapes) {
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 30; ++trial) {
+    Case c;
+    c.B = 1 + rng() % 2;
+    c.H = 1 + rng() % 3;
+    c.G = std::vector<std::int64_t>{1, 4, 8}[rng() % 3];
+    c.window = 2 + static_cast<int>(rng() % 40);
+    c.kv_len = 1 + rng() % (4 * c.window + 3);
+    c.Sq = 1 + rng() % std::min<std::int64_t>(c.kv_len, 6);
+    c.D = std::vector<std::int64_t>{8, 10, 64, 128}[rng() % 4];
+    c.Dv = rng() % 3 ? c.D : 24;
+    c.n_sink = static_cast<int>(rng() % c.window);
+    c.group = std::vector<int>{4, 7, 16, 32, 128}[rng() % 5];
+    c.bk = 1 + static_cast<int>(rng() % 8);
+    c.bv = 1 + static_cast<int>(rng() % 8);
+    c.meta = static_cast<MetaType>(rng() % 3);
+    c.dtype = static_cast<DType>(rng() % 3);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    run_case(c, 1000 + static_cast<std::uint32_t>(trial) * 7);
+  }
+}
+
+TEST(Attend, PlainCacheAndDenseEntryPoint) {
+  PlainCache c;
+  Tensor k = randn({1, 2, 50, 32}, 5), v = randn({1, 2, 50, 32}, 6), q = randn({1, 8, 2, 32}, 7, DType::f32);
+  c.update_and_fetch(k.view(), v.view());
+  const Tensor a = attend(c, q.view(), 0.2f);
+  Tensor b(DType::f32, {1, 8, 2, 32}), r(DType::f32, {1, 8, 2, 32});
+  attend_dense(q.view(), k.view(), v.view(), 0.2f, b.view());
+  ref::dense_attention(q.view(), k.view(), v.view(), 0.2f, r.view());
+  for (std::int64_t h = 0; h < 8; ++h)
+    for (std::int64_t i = 0; i < 2; ++i)
+      for (std::int64_t d = 0; d < 32; ++d) {
+        EXPECT_EQ(a.view().at(0, h, i, d), b.view().at(0, h, i, d));
+        EXPECT_NEAR(b.view().at(0, h, i, d), r.view().at(0, h, i, d), 1e-4);
+      }
+}
+
+TEST(Attend, BadArgumentsNameTheProblem) {
+  Config cfg = spec_config();
+  SkvqCache c(cfg);
+  Tensor q = randn({1, 4, 1, 64}, 8, DType::f32);
+  EXPECT_THROW(attend(c, q.view(), 0.1f), Error);  // empty cache
+  Tensor k = randn({1, 2, 20, 64}, 9), v = randn({1, 2, 20, 64}, 10);
+  c.update_and_fetch(k.view(), v.view());
+  const SkvqCache before = c;
+  auto expect = [&](const TensorView& qq, const char* needle) {
+    try {
+      attend(c, qq, 0.1f);
+      ADD_FAILURE() << "accepted, expected " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect(randn({1, 3, 1, 64}, 1, DType::f32).view(), "Hq=3");
+  expect(randn({2, 4, 1, 64}, 1, DType::f32).view(), "B=2");
+  expect(randn({1, 4, 1, 32}, 1, DType::f32).view(), "D=32");
+  expect(randn({1, 4, 21, 64}, 1, DType::f32).view(), "Sq=21");
+  Tensor out(DType::f32, {1, 4, 1, 63});
+  EXPECT_THROW(attend(c, q.view(), 0.1f, out.view()), Error);
+  EXPECT_THROW(attend(c, q.view(), NAN), Error);
+  EXPECT_TRUE(c.same_state(before));
+}
+
+}  // namespace
+}  // namespace skvq::test
