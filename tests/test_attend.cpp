@@ -3,6 +3,7 @@
 // returns, with the tolerances derived in docs/numerics.md.
 #include <gtest/gtest.h>
 
+#include "cpu/quantize_simd.hpp"
 #include "ref/attention.hpp"
 #include "test_util.hpp"
 
@@ -167,6 +168,35 @@ TEST(Attend, BadArgumentsNameTheProblem) {
   EXPECT_THROW(attend(c, q.view(), NAN), Error);
   EXPECT_TRUE(c.same_state(before));
 }
+
+}  // namespace
+}  // namespace skvq::test
+
+namespace skvq::test {
+namespace {
+
+// The SIMD kernel on every target this CPU supports (decode paths differ by lane count).
+class AttendTarget : public ::testing::TestWithParam<std::int64_t> {
+ protected:
+  void SetUp() override { cpu::force_target(GetParam()); }
+  void TearDown() override { cpu::force_target(0); }
+};
+
+TEST_P(AttendTarget, MatchesReference) {
+  const Case cases[] = {
+      {1, 2, 4, 1, 300, 128, 128, 32, 5, 32, 2, 2, MetaType::fp16, DType::f16},
+      {1, 2, 1, 3, 150, 64, 64, 16, 4, 16, 4, 8, MetaType::fp32, DType::bf16},
+      {1, 1, 2, 1, 100, 128, 128, 32, 3, 128, 1, 4, MetaType::fp8_e4m3, DType::f32},
+      {1, 1, 1, 2, 90, 10, 12, 8, 2, 4, 3, 2, MetaType::fp16, DType::f16},
+  };
+  std::uint32_t seed = 500;
+  for (const auto& c : cases) run_case(c, seed += 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTargets, AttendTarget, ::testing::ValuesIn(cpu::available_targets()),
+                         [](const ::testing::TestParamInfo<std::int64_t>& info) {
+                           return cpu::target_name(info.param);
+                         });
 
 }  // namespace
 }  // namespace skvq::test

@@ -14,6 +14,11 @@
 
 namespace skvq {
 
+namespace detail {
+struct SkvqState;        // src/core/skvq_state.hpp
+struct CacheFileAccess;  // src/io/cache_file.cpp
+}  // namespace detail
+
 // Byte accounting of spec section 6.
 struct Accounting {
   std::int64_t compressed_key_bytes = 0;
@@ -92,6 +97,7 @@ class PlainCache final : public LayerCache {
   TensorView values() const;  // [B, H, offset, Dv]
 
  private:
+  friend struct detail::CacheFileAccess;
   std::optional<std::int64_t> max_ctx_;
   bool initialized_ = false;
   DType dtype_ = DType::f16;
@@ -103,10 +109,6 @@ class PlainCache final : public LayerCache {
 // Which quantizer a cache's flush runs: the Highway SIMD kernel (default) or
 // the scalar reference. Both give identical codes and metadata.
 enum class Kernel : std::uint8_t { simd, reference };
-
-namespace detail {
-struct SkvqState;  // src/core/skvq_state.hpp
-}
 
 // The SKVQ cache of the spec, holding packed codes for real.
 class SkvqCache final : public LayerCache {

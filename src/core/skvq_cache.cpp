@@ -299,7 +299,11 @@ void fetch_side(const SkvqState& st, const Side& s, const TensorView& out) {
         for (std::int64_t i = 0; i < s.chunks[c].n_rows; ++i) {
           st.dequantize(s, c, bh, i, rec.data());
           const std::int64_t t = static_cast<std::int64_t>(c) * r + first + i;
-          for (std::int64_t d = 0; d < D; ++d) out.set(b, h, t, d, rec[d]);
+          if (out.strides[3] == 1) {
+            store_row_f32(out.ptr(b, h, t, 0), out.dtype, D, rec.data());
+          } else {
+            for (std::int64_t d = 0; d < D; ++d) out.set(b, h, t, d, rec[static_cast<std::size_t>(d)]);
+          }
         }
       }
       for (std::int64_t t = st.q_end; t < st.offset; ++t) {

@@ -32,7 +32,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-constexpr std::int64_t kBlock = 64;
+// Tokens per block: K and V scratch of kBlock rows (D = 128: 2 x 8 KiB) stay in L1.
+constexpr std::int64_t kBlock = 16;
 
 std::int64_t RoundUp(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
@@ -160,19 +161,74 @@ bool DecodeBlock(const AttendParams& p, int side, std::int64_t b, std::int64_t h
   const detail::PackedChunk& ch = s.chunks[c];
   const std::int64_t i0 = t0 % r - st.first_row(c);
   const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
-  const std::int64_t mrow = st.groups(s) * meta_bytes(st.cfg.metadata);
+  const int g = st.cfg.group_size;
+  const std::int64_t G = st.groups(s), mrow = G * meta_bytes(st.cfg.metadata);
   const std::uint8_t* stream = ch.codes.data() + bh * cph;
-  const bool fast = (D * s.bits) % 8 == 0 && (s.bits == 1 || s.bits == 2 || s.bits == 4 || s.bits == 8);
+  const std::uint8_t* lo = ch.lo.data() + bh * mph + i0 * mrow;
+  const std::uint8_t* sc = ch.scale.data() + bh * mph + i0 * mrow;
+  const DF d;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
+  const int bits = s.bits;
+  const bool fast = (bits == 1 || bits == 2 || bits == 4 || bits == 8) && (L * bits) % 8 == 0 && D % L == 0 && g % L == 0;
+  if (!fast) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      ref::dequantize_row(stream, cph, i0 + i, static_cast<int>(D), bits, g, st.cfg.metadata, lo + i * mrow,
+                          sc + i * mrow, nullptr, rows + i * stride);
+    }
+    return true;
+  }
+  // Metadata of the whole block at once: n * G values, contiguous.
+  float lo_f[kBlock * 256], sc_f[kBlock * 256];
+  const std::int64_t nm = n * G;
+  if (nm > kBlock * 256) {  // very small groups: decode in pieces through the reference
+    for (std::int64_t i = 0; i < n; ++i) {
+      ref::dequantize_row(stream, cph, i0 + i, static_cast<int>(D), bits, g, st.cfg.metadata, lo + i * mrow,
+                          sc + i * mrow, nullptr, rows + i * stride);
+    }
+    return true;
+  }
+  switch (st.cfg.metadata) {
+    case MetaType::fp16:
+      LoadExact(reinterpret_cast<const std::byte*>(lo), DType::f16, nm, lo_f);
+      LoadExact(reinterpret_cast<const std::byte*>(sc), DType::f16, nm, sc_f);
+      break;
+    case MetaType::fp32:
+      std::memcpy(lo_f, lo, static_cast<std::size_t>(nm) * 4);
+      std::memcpy(sc_f, sc, static_cast<std::size_t>(nm) * 4);
+      break;
+    case MetaType::fp8_e4m3:
+      for (std::int64_t e = 0; e < nm; ++e) {
+        lo_f[e] = ref::e4m3_decode(lo[e]);
+        sc_f[e] = ref::e4m3_decode(sc[e]);
+      }
+      break;
+  }
+  // Lane i of a vector of L codes takes byte (i * bits) / 8 of the vector's
+  // bytes, shifted right by (i * bits) % 8 (codes never straddle bytes here).
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::uint8_t, DF> d8;
+  std::int32_t idx_arr[64], sh_arr[64];
+  for (std::int64_t i = 0; i < L; ++i) {
+    idx_arr[i] = static_cast<std::int32_t>(i * bits / 8);
+    sh_arr[i] = static_cast<std::int32_t>(i * bits % 8);
+  }
+  const auto idx = hn::SetTableIndices(du, idx_arr);
+  const auto shifts = hn::BitCast(du, hn::LoadU(di, sh_arr));
+  const auto mask = hn::Set(du, (1u << bits) - 1u);
+  const std::int64_t row_bytes = D * bits / 8, vec_bytes = L * bits / 8;
+  alignas(64) std::uint8_t buf[1024 + 64];
   for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint8_t* lo = ch.lo.data() + bh * mph + (i0 + i) * mrow;
-    const std::uint8_t* sc = ch.scale.data() + bh * mph + (i0 + i) * mrow;
+    // A padded copy of the row, so every vector load stays inside our buffer.
+    std::memcpy(buf, stream + (i0 + i) * row_bytes, static_cast<std::size_t>(row_bytes));
     float* row = rows + i * stride;
-    if (fast) {
-      DecodeCodes(stream + (i0 + i) * D * s.bits / 8, s.bits, D, row);
-      Dequant(row, D, st.cfg.group_size, lo, sc, st.cfg.metadata);
-    } else {
-      ref::dequantize_row(stream, cph, i0 + i, static_cast<int>(D), s.bits, st.cfg.group_size, st.cfg.metadata, lo, sc,
-                          nullptr, row);
+    for (std::int64_t k = i * G, j0 = 0, b8 = 0; j0 < D; ++k, j0 += g) {
+      const VF vs = hn::Set(d, sc_f[k]), vl = hn::Set(d, lo_f[k]);
+      for (std::int64_t j = j0; j < std::min(j0 + g, D); j += L, b8 += vec_bytes) {
+        const auto bytes = hn::PromoteTo(du, hn::LoadU(d8, buf + b8));
+        const auto codes = hn::And(hn::Shr(hn::TableLookupLanes(bytes, idx), shifts), mask);
+        hn::Store(hn::MulAdd(hn::ConvertTo(d, hn::BitCast(di, codes)), vs, vl), d, row + j);
+      }
     }
   }
   return true;

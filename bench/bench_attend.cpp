@@ -1,0 +1,109 @@
+// Benchmark of one decode step's attention (issue 4): packed attend at 2/2
+// and 4/4 bits vs dense fp16 attention through the same kernel vs
+// materialize-then-attend, side by side, with bytes read per step and the
+// machine's copy bandwidth measured in the same run.
+// Usage: bench_attend [--quick]
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "bench_util.hpp"
+#include "core/thread_pool.hpp"
+#include "skvq/skvq.hpp"
+#include "workload/synthetic.hpp"
+
+using namespace skvq;
+
+namespace {
+
+constexpr std::int64_t kHeads = 32, kDim = 128;
+
+// Copy bandwidth with every thread: (bytes read + bytes written) / s, median of 5.
+double copy_bandwidth() {
+  const std::size_t n = std::size_t{1} << 29;  // 512 MiB
+  std::vector<char> a(n, 1), b(n, 2);
+  auto& pool = detail::ThreadPool::global();
+  const int parts = pool.size() * 4;
+  const double t = bench::median_seconds(5, [&] {
+    pool.parallel_for(parts, pool.size(), [&](std::int64_t i) {
+      const std::size_t chunk = n / static_cast<std::size_t>(parts);
+      std::memcpy(b.data() + static_cast<std::size_t>(i) * chunk, a.data() + static_cast<std::size_t>(i) * chunk, chunk);
+    });
+  });
+  if (b[n / 2] != 1) std::abort();
+  return 2.0 * static_cast<double>(n) / t;
+}
+
+// A long history by tiling a shorter synthetic one (timing does not depend on the values).
+void tiled_kv(std::int64_t len, Tensor* k, Tensor* v) {
+  workload::SyntheticSpec sp;
+  sp.num_kv_heads = kHeads;
+  sp.head_dim = kDim;
+  sp.kv_len = std::min<std::int64_t>(len, 4096);
+  Tensor k0, v0;
+  workload::make_kv(sp, DType::f16, &k0, &v0);
+  *k = Tensor(DType::f16, {1, kHeads, len, kDim});
+  *v = Tensor(DType::f16, {1, kHeads, len, kDim});
+  for (std::int64_t t = 0; t < len; t += sp.kv_len) {
+    const std::int64_t n = std::min(sp.kv_len, len - t);
+    copy_into(k0.view().slice_tokens(0, n), k->view().slice_tokens(t, n));
+    copy_into(v0.view().slice_tokens(0, n), v->view().slice_tokens(t, n));
+  }
+}
+
+std::int64_t packed_read_bytes(const SkvqCache& c) {
+  const StoredBytes s = c.stored_bytes();
+  const std::int64_t live_tail = (c.offset() - c.q_end()) * kHeads * kDim * 2 * 2;
+  return s.codes + s.metadata + s.sinks + live_tail;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const double bw = copy_bandwidth();
+  const int threads = detail::ThreadPool::global().size();
+  std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads\n\n", threads);
+  std::printf("copy bandwidth (read+write, %d threads): %.2f GB/s\n\n", threads, bw / 1e9);
+  std::printf("| kv_len | fp16 dense ms | K2V2 g32 ms | K4V4 g32 ms | materialize+attend K2V2 ms | fp16 / K2V2 | fp16 / K4V4 | "
+              "MB read fp16 | MB read K2V2 | MB read K4V4 | fp16 %%bw | K2V2 %%bw | K4V4 %%bw |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::int64_t> lens = {1024, 4096, 16384, 65536, 131072};
+  if (quick) lens = {1024, 4096};
+  const std::int64_t max_len = lens.back();
+  Tensor k, v;
+  tiled_kv(max_len, &k, &v);
+  Tensor q = Tensor(DType::f32, {1, kHeads, 1, kDim});
+  workload::fill_normal(q.view(), 99, 0.5f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  Config c2, c4;
+  c2.head_dim = c4.head_dim = kDim;
+  c2.dense_view = c4.dense_view = false;
+  c4.bits_key = c4.bits_value = 4;
+  SkvqCache p2(c2), p4(c4);
+  std::int64_t fed = 0;
+  Tensor out(DType::f32, {1, kHeads, 1, kDim});
+  for (std::int64_t len : lens) {
+    p2.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+    p4.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+    fed = len;
+    const int reps = len >= 65536 ? 5 : 15;
+    const TensorView kd = k.view().slice_tokens(0, len), vd = v.view().slice_tokens(0, len);
+    const double t_dense = bench::median_seconds(reps, [&] { attend_dense(q.view(), kd, vd, scale, out.view()); });
+    const double t2 = bench::median_seconds(reps, [&] { attend(p2, q.view(), scale, out.view()); });
+    const double t4 = bench::median_seconds(reps, [&] { attend(p4, q.view(), scale, out.view()); });
+    Tensor km(DType::f16, {1, kHeads, len, kDim}), vm(DType::f16, {1, kHeads, len, kDim});
+    const double tm = bench::median_seconds(reps, [&] {
+      p2.fetch_into(km.view(), vm.view());
+      attend_dense(q.view(), km.view(), vm.view(), scale, out.view());
+    });
+    const double b_dense = static_cast<double>(2 * kHeads * len * kDim * 2);
+    const double b2 = static_cast<double>(packed_read_bytes(p2)), b4 = static_cast<double>(packed_read_bytes(p4));
+    std::printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.0f%% |\n",
+                static_cast<long long>(len), t_dense * 1e3, t2 * 1e3, t4 * 1e3, tm * 1e3, t_dense / t2, t_dense / t4,
+                b_dense / 1e6, b2 / 1e6, b4 / 1e6, 100 * b_dense / t_dense / bw, 100 * b2 / t2 / bw, 100 * b4 / t4 / bw);
+    std::fflush(stdout);
+  }
+  return 0;
+}
