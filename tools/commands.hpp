@@ -12,5 +12,6 @@ using CommandList = std::vector<std::pair<CLI::App*, std::function<int()>>>;
 
 void register_quantize(CLI::App& app, CommandList& commands);
 void register_demo(CLI::App& app, CommandList& commands);
+void register_inspect(CLI::App& app, CommandList& commands);
 
 }  // namespace skvq::tools

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   skvq::tools::register_demo(app, commands);
   skvq::tools::register_quantize(app, commands);
+  skvq::tools::register_inspect(app, commands);
   if (argc > 1 && argv[1][0] != '-') {
     std::string known;
     bool found = false;
