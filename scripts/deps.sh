@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages skvq builds with (only those missing).
 set -euo pipefail
-pkgs=(cmake g++ make libgtest-dev libbenchmark-dev libhwy-dev nlohmann-json3-dev libcli11-dev clang libclang-rt-14-dev)
+pkgs=(cmake g++ make libgtest-dev libbenchmark-dev libhwy-dev nlohmann-json3-dev libcli11-dev libopenblas-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

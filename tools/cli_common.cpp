@@ -1,6 +1,10 @@
 // Atomic multi-file output for the subcommands.
 #include "cli_common.hpp"
 
+#include "skvq/error.hpp"
+
+#include <sys/resource.h>
+
 #include <fstream>
 #include <vector>
 
@@ -44,6 +48,29 @@ void write_all_or_nothing(const fs::path& dir, const std::map<std::string, std::
   for (const auto& name : remove_stale) {
     if (!files.count(name)) fs::remove(dir / name, ec);
   }
+}
+
+void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::string& flag) {
+  for (const auto& s : sets) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) throw UsageError(flag + " " + s + ": expected FIELD=VALUE");
+    try {
+      cfg.set(s.substr(0, eq), s.substr(eq + 1));
+    } catch (const Error& e) {
+      throw UsageError(flag + " " + s + ": " + std::string(e.what()).substr(6));
+    }
+  }
+  try {
+    cfg.validate();
+  } catch (const Error& e) {
+    throw UsageError(flag + ": " + std::string(e.what()).substr(6));
+  }
+}
+
+long long peak_rss_bytes() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<long long>(ru.ru_maxrss) * 1024;
 }
 
 }  // namespace skvq::tools

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "skvq/config.hpp"
+
 namespace skvq::tools {
 
 // A bad argument or input file: the program prints "skvq <cmd>: <message>"
@@ -22,5 +24,12 @@ class UsageError : public std::runtime_error {
 // Files named in `remove_stale` are deleted after a successful commit.
 void write_all_or_nothing(const std::filesystem::path& dir, const std::map<std::string, std::string>& files,
                           const std::vector<std::string>& remove_stale = {});
+
+// Applies FIELD=VALUE strings to cfg, then validates it. Errors name `flag`
+// and the offending text.
+void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::string& flag);
+
+// Peak resident set size of this process in bytes.
+long long peak_rss_bytes();
 
 }  // namespace skvq::tools

@@ -70,26 +70,6 @@ std::vector<std::int64_t> parse_calls(const std::string& spec, std::int64_t S) {
   return out;
 }
 
-Config build_config(const std::vector<std::string>& sets, std::int64_t key_dim) {
-  Config cfg;
-  cfg.head_dim = static_cast<int>(key_dim);
-  for (const auto& s : sets) {
-    const auto eq = s.find('=');
-    if (eq == std::string::npos || eq == 0) throw UsageError("--set " + s + ": expected FIELD=VALUE");
-    try {
-      cfg.set(s.substr(0, eq), s.substr(eq + 1));
-    } catch (const Error& e) {
-      throw UsageError("--set " + s + ": " + std::string(e.what()).substr(6));
-    }
-  }
-  try {
-    cfg.validate();
-  } catch (const Error& e) {
-    throw UsageError("--set: " + std::string(e.what()).substr(6));
-  }
-  return cfg;
-}
-
 std::string tensor_npy(const TensorView& v) {
   const Tensor t = Tensor::copy_of(v);
   const std::string descr = v.dtype == DType::f16 ? "<f2" : "<f4";
@@ -111,7 +91,9 @@ int run_quantize(const QuantizeArgs& a) {
                        " does not match --keys " + shape_string(k.shape) + " in [B, H, S]");
     }
   }
-  const Config cfg = build_config(a.sets, k.shape[3]);
+  Config cfg;
+  cfg.head_dim = static_cast<int>(k.shape[3]);
+  apply_sets(cfg, a.sets, "--set");
   const auto calls = parse_calls(a.calls, k.shape[2]);
 
   SkvqCache cache(cfg);

@@ -13,6 +13,9 @@ int main(int argc, char** argv) {
   std::string active;
   std::vector<std::pair<CLI::App*, std::function<int()>>> commands;
   skvq::tools::register_demo(app, commands);
+  skvq::tools::register_generate(app, commands);
+  skvq::tools::register_eval(app, commands);
+  skvq::tools::register_convert(app, commands);
   skvq::tools::register_quantize(app, commands);
   skvq::tools::register_inspect(app, commands);
   if (argc > 1 && argv[1][0] != '-') {

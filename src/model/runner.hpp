@@ -1,0 +1,42 @@
+// The reference transformer runner: fp32 compute, K/V handed to a prompt
+// cache exactly as an inference engine would (per layer: new rows in, then
+// attention over what the cache holds, read straight from its store).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "model/model.hpp"
+#include "skvq/prompt_cache.hpp"
+
+namespace skvq::model {
+
+class Runner {
+ public:
+  explicit Runner(const Model& m) : m_(m) {}
+
+  // A prompt cache for this model: PlainCache (fp16) per layer, or SkvqCache
+  // with `cfg` (head_dim set from the model; dense view off: only the
+  // packed store is held).
+  PromptCache make_cache(CacheKind kind, const Config& cfg = {}) const;
+
+  // Runs tokens at positions [cache offset, + n). Returns logits [n, vocab]
+  // (all_logits) or [1, vocab] for the last token. Calls into the cache are
+  // split at flush boundaries so that every token sees exactly the cache
+  // state it would see in one-token-at-a-time decoding.
+  std::vector<float> forward(std::span<const int> tokens, PromptCache& cache, bool all_logits) const;
+
+  const Model& model() const { return m_; }
+
+ private:
+  void forward_piece(std::span<const int> tokens, PromptCache& cache, float* logits, bool all_logits,
+                     bool want_logits) const;
+  const Model& m_;
+};
+
+// Reference forward over a whole sequence without any cache: full causal
+// attention in float64 over K/V rounded to fp16 (what the fp16 cache holds).
+// Logits [n, vocab]. For tests.
+std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens);
+
+}  // namespace skvq::model

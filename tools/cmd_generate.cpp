@@ -1,0 +1,140 @@
+// skvq generate: stream a model's continuation of a prompt with an fp16 or
+// skvq cache; optionally save the conversation's cache or resume from one.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "cli_common.hpp"
+#include "commands.hpp"
+#include "model/runner.hpp"
+#include "model_cli.hpp"
+#include "skvq/cache_file.hpp"
+#include "skvq/skvq.hpp"
+
+namespace skvq::tools {
+
+namespace {
+
+struct GenerateArgs {
+  std::string model, tokenizer, prompt, cache = "fp16", save_cache, load_cache;
+  int n = 128;
+  double temperature = 0.0;
+  std::uint64_t seed = 0;
+  std::vector<std::string> sets;
+};
+
+int sample(const float* logits, int V, double temperature, std::mt19937_64& rng) {
+  if (temperature <= 0.0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
+  const float mx = *std::max_element(logits, logits + V);
+  std::vector<double> p(static_cast<std::size_t>(V));
+  double sum = 0;
+  for (int i = 0; i < V; ++i) sum += p[static_cast<std::size_t>(i)] = std::exp((logits[i] - mx) / temperature);
+  double u = std::uniform_real_distribution<double>(0.0, sum)(rng);
+  for (int i = 0; i < V; ++i) {
+    u -= p[static_cast<std::size_t>(i)];
+    if (u <= 0) return i;
+  }
+  return V - 1;
+}
+
+int run_generate(const GenerateArgs& a) {
+  if (a.n < 0) throw UsageError("-n " + std::to_string(a.n) + " must be >= 0");
+  if (!(a.temperature >= 0.0) || !std::isfinite(a.temperature)) throw UsageError("--temperature " + std::to_string(a.temperature) + " must be >= 0");
+  if (a.cache != "fp16" && a.cache != "skvq") throw UsageError("--cache " + a.cache + " must be fp16 or skvq");
+  if (!a.load_cache.empty() && !a.sets.empty()) throw UsageError("--set cannot change the config of a cache given by --load-cache");
+  if (a.cache == "fp16" && !a.sets.empty()) throw UsageError("--set needs --cache skvq");
+  LoadedModel lm = load_model_args(a.model, a.tokenizer);
+  const model::Runner runner(lm.model);
+  const auto& mc = lm.model.cfg;
+  PromptCache cache;
+  std::vector<std::int32_t> history;
+  if (!a.load_cache.empty()) {
+    CacheFileExtras ex;
+    try {
+      cache = load_prompt_cache(a.load_cache, &ex);
+    } catch (const Error& e) {
+      throw UsageError("--load-cache " + std::string(e.what()).substr(6));
+    }
+    if (ex.strings["model"] != model_signature(lm.model) || cache.size() != static_cast<std::size_t>(mc.n_layers)) {
+      throw UsageError("--load-cache " + a.load_cache + ": the cache belongs to a different model (" + ex.strings["model"] + ")");
+    }
+    history = ex.int_arrays["tokens"];
+    if (static_cast<std::int64_t>(history.size()) != cache.layer(0).offset()) {
+      throw UsageError("--load-cache " + a.load_cache + ": its token history does not match the cache");
+    }
+  } else {
+    Config cfg;
+    cfg.head_dim = mc.head_dim();
+    apply_sets(cfg, a.sets, "--set");
+    cache = runner.make_cache(a.cache == "skvq" ? CacheKind::skvq : CacheKind::plain, cfg);
+  }
+  std::vector<int> prompt = lm.tokenizer.encode(a.prompt, history.empty());
+  if (prompt.empty()) throw UsageError("--prompt must not be empty when resuming a cache");
+  if (static_cast<std::int64_t>(history.size() + prompt.size()) + 1 > mc.seq_len) {
+    throw UsageError("--prompt: " + std::to_string(history.size() + prompt.size()) + " tokens exceed the model's context of " +
+                     std::to_string(mc.seq_len));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = runner.forward(prompt, cache, false);
+  history.insert(history.end(), prompt.begin(), prompt.end());
+  std::printf("%s", a.prompt.c_str());
+  std::fflush(stdout);
+  std::mt19937_64 rng(a.seed);
+  int prev = history.back(), produced = 0;
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.n && static_cast<std::int64_t>(history.size()) < mc.seq_len; ++i) {
+    const int next = sample(logits.data(), mc.vocab_size, a.temperature, rng);
+    if (next == lm.tokenizer.eos() || next == lm.tokenizer.bos()) break;
+    std::printf("%s", lm.tokenizer.decode(prev, next).c_str());
+    std::fflush(stdout);
+    const int tok[1] = {next};
+    logits = runner.forward(tok, cache, false);  // the cache holds every token printed
+    history.push_back(next);
+    prev = next;
+    ++produced;
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  std::printf("\n");
+  const Accounting acc = cache.accounting();
+  const StoredBytes sb = cache.stored_bytes();
+  const double fp16 = static_cast<double>(acc.fp16_key_bytes + acc.fp16_value_bytes);
+  const double prompt_s = std::chrono::duration<double>(t1 - t0).count(), gen_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr,
+               "[%s cache] KV memory: fp16-equivalent %.1f KiB, stored %.1f KiB (%.3f of fp16); peak RSS %.1f MiB; "
+               "prompt %zu tokens in %.3f s; generated %d tokens in %.3f s (%.1f tok/s)\n",
+               cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
+               fp16 > 0 ? static_cast<double>(sb.total()) / fp16 : 0.0, static_cast<double>(peak_rss_bytes()) / 1048576.0,
+               prompt.size(), prompt_s, produced, gen_s, gen_s > 0 ? produced / gen_s : 0.0);
+  if (!a.save_cache.empty()) {
+    CacheFileExtras ex;
+    ex.strings["model"] = model_signature(lm.model);
+    ex.int_arrays["tokens"] = history;
+    try {
+      save_prompt_cache(cache, a.save_cache, ex);
+    } catch (const Error& e) {
+      throw UsageError("--save-cache " + std::string(e.what()).substr(6));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app, CommandList& commands) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand("generate", "Generate text with a llama-family model and an fp16 or skvq KV cache");
+  sub->add_option("--model", a->model, "llama2.c checkpoint or GGUF file")->required();
+  sub->add_option("--tokenizer", a->tokenizer, "llama2.c tokenizer file (default: beside the model, or the GGUF's own)");
+  sub->add_option("--prompt", a->prompt, "prompt text")->required();
+  sub->add_option("-n", a->n, "tokens to generate")->capture_default_str();
+  sub->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
+  sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub->add_option("--cache", a->cache, "fp16 or skvq")->capture_default_str();
+  sub->add_option("--set", a->sets, "skvq config FIELD=VALUE");
+  sub->add_option("--save-cache", a->save_cache, "save the conversation's cache to FILE when done");
+  sub->add_option("--load-cache", a->load_cache, "resume from a cache FILE (the prompt continues it)");
+  commands.emplace_back(sub, [a] { return run_generate(*a); });
+}
+
+}  // namespace skvq::tools
