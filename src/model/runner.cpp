@@ -152,7 +152,7 @@ void Runner::forward_piece(std::span<const int> tokens, PromptCache& cache, floa
                                           [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
                                             LayerCache& lc = cache.layer(static_cast<std::size_t>(l));
                                             lc.append(k.view(), v.view());
-                                            attend(lc, q.view(), scale, out.view());
+                                            attend(lc, q.view(), scale, out.view(), opts_);
                                           });
   if (!want_logits) return;
   const int n = static_cast<int>(tokens.size());
@@ -163,11 +163,12 @@ void Runner::forward_piece(std::span<const int> tokens, PromptCache& cache, floa
   }
 }
 
-std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens) {
+std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens, NoCacheAttention how) {
   const ModelConfig& c = m.cfg;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim()));
   const std::vector<float> h = run_layers(m, tokens, 0, [&](int, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
-    ref::dense_attention(q.view(), k.view(), v.view(), scale, out.view());
+    if (how == NoCacheAttention::float64) ref::dense_attention(q.view(), k.view(), v.view(), scale, out.view());
+    else attend_dense(q.view(), k.view(), v.view(), scale, out.view());
   });
   std::vector<float> logits(tokens.size() * static_cast<std::size_t>(c.vocab_size));
   matmul(h.data(), m.classifier(), logits.data(), static_cast<int>(tokens.size()), c.dim, c.vocab_size);

@@ -7,13 +7,14 @@
 #include <vector>
 
 #include "model/model.hpp"
+#include "skvq/attention.hpp"
 #include "skvq/prompt_cache.hpp"
 
 namespace skvq::model {
 
 class Runner {
  public:
-  explicit Runner(const Model& m) : m_(m) {}
+  explicit Runner(const Model& m, AttendOptions opts = {}) : m_(m), opts_(opts) {}
 
   // A prompt cache for this model: PlainCache (fp16) per layer, or SkvqCache
   // with `cfg` (head_dim set from the model; dense view off: only the
@@ -32,11 +33,15 @@ class Runner {
   void forward_piece(std::span<const int> tokens, PromptCache& cache, float* logits, bool all_logits,
                      bool want_logits) const;
   const Model& m_;
+  AttendOptions opts_;
 };
 
 // Reference forward over a whole sequence without any cache: full causal
-// attention in float64 over K/V rounded to fp16 (what the fp16 cache holds).
-// Logits [n, vocab]. For tests.
-std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens);
+// attention over K/V rounded to fp16 (what the fp16 cache holds), in float64
+// (ref::dense_attention) or with the SIMD kernel over dense tensors
+// (attend_dense). Logits [n, vocab]. For tests.
+enum class NoCacheAttention { float64, simd };
+std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens,
+                                    NoCacheAttention how = NoCacheAttention::float64);
 
 }  // namespace skvq::model

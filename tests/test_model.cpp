@@ -1,0 +1,384 @@
+// The model runner on the two shared real models: cache plumbing against a
+// cache-free forward, greedy generation, GGUF and llama2.c format round
+// trips, tokenizers, quality trends, and bad files.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "model/model.hpp"
+#include "model/runner.hpp"
+#include "test_util.hpp"
+
+namespace skvq::test {
+namespace {
+
+namespace fs = std::filesystem;
+using model::Model;
+using model::Runner;
+using model::Tokenizer;
+
+const fs::path kData = SKVQ_SHARED_DATA;
+
+#define REQUIRE_DATA()                                                        \
+  if (!fs::exists(kData / "lm128" / "model.bin")) GTEST_SKIP() << "no " << kData
+
+struct Loaded {
+  Model m;
+  Tokenizer tok;
+};
+
+const Loaded& baby() {
+  static const Loaded l = [] {
+    Loaded x;
+    x.m = model::load_model((kData / "babyllama/model5000.bin").string(), "", &x.tok);
+    return x;
+  }();
+  return l;
+}
+
+const Loaded& lm128() {
+  static const Loaded l = [] {
+    Loaded x;
+    x.m = model::load_model((kData / "lm128/model.bin").string(), "", &x.tok);
+    return x;
+  }();
+  return l;
+}
+
+std::vector<int> wikitext_tokens(const Tokenizer& tok, std::size_t n) {
+  std::ifstream f(kData / "text/wikitext-test.raw.txt", std::ios::binary);
+  std::string s(8192, '\0');
+  f.read(s.data(), 8192);
+  s.resize(static_cast<std::size_t>(f.gcount()));
+  s.erase(0, 3);  // BOM
+  std::vector<int> t = tok.encode(s, true);
+  t.resize(std::min(n, t.size()));
+  return t;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::fabs(static_cast<double>(a[i]) - b[i]));
+    den = std::max(den, std::fabs(static_cast<double>(b[i])));
+  }
+  return num / den;
+}
+
+std::string tmp(const std::string& name) {
+  return (fs::temp_directory_path() / ("skvq_model_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(Model, Fp16CacheMatchesCacheFreeForward) {
+  REQUIRE_DATA();
+  for (const Loaded* l : {&baby(), &lm128()}) {
+    const Runner r(l->m);
+    const std::vector<int> toks = wikitext_tokens(l->tok, l == &baby() ? 200 : 400);
+    // One call through the cache == the same attention kernel over dense K/V without a cache, bit for bit.
+    PromptCache one = r.make_cache(CacheKind::plain);
+    EXPECT_EQ(r.forward(toks, one, true), model::forward_no_cache(l->m, toks, model::NoCacheAttention::simd));
+    // In three calls, as a chat would, against float64 attention without a cache. float32
+    // attention alone moves the logits by up to ~1e-4 of their range (docs/numerics.md).
+    PromptCache cache = r.make_cache(CacheKind::plain);
+    std::vector<float> got;
+    for (auto [b, e] : {std::pair<std::size_t, std::size_t>{0, 37}, {37, 38}, {38, toks.size()}}) {
+      const auto part = r.forward(std::span<const int>(toks).subspan(b, e - b), cache, true);
+      got.insert(got.end(), part.begin(), part.end());
+    }
+    EXPECT_LT(max_rel_diff(got, model::forward_no_cache(l->m, toks)), 2e-4);
+  }
+}
+
+TEST(Model, BabyLlamaGreedyContinuation) {
+  REQUIRE_DATA();
+  const Runner r(baby().m);
+  for (CacheKind kind : {CacheKind::plain, CacheKind::skvq}) {
+    Config cfg;
+    cfg.window = 200;  // larger than the text: identical to fp16
+    PromptCache cache = r.make_cache(kind, cfg);
+    std::vector<int> toks = baby().tok.encode("Once upon a time", true);
+    std::vector<float> logits = r.forward(toks, cache, false);
+    std::string out;
+    int prev = toks.back();
+    for (int i = 0; i < 80; ++i) {
+      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      out += baby().tok.decode(prev, next);
+      const int one[1] = {next};
+      logits = r.forward(one, cache, false);
+      prev = next;
+    }
+    const std::string want = ", there was a little girl named Lily. She loved to play outside in the sunshine.";
+    EXPECT_EQ(out.substr(0, want.size()), want);
+  }
+}
+
+TEST(Model, SkvqWithWindowBeyondTheTextIsIdenticalToFp16) {
+  REQUIRE_DATA();
+  const Runner r(lm128().m);
+  const auto toks = wikitext_tokens(lm128().tok, 300);
+  Config cfg;
+  cfg.window = 512;
+  PromptCache a = r.make_cache(CacheKind::plain), b = r.make_cache(CacheKind::skvq, cfg);
+  EXPECT_EQ(r.forward(toks, a, true), r.forward(toks, b, true));
+}
+
+// Mean KL and top-1 agreement of an skvq config against fp16 over `toks`.
+std::pair<double, double> kl_top1(const Runner& r, const std::vector<int>& toks, const Config& cfg) {
+  PromptCache a = r.make_cache(CacheKind::plain), b = r.make_cache(CacheKind::skvq, cfg);
+  const auto la = r.forward(toks, a, true), lb = r.forward(toks, b, true);
+  const std::size_t V = static_cast<std::size_t>(r.model().cfg.vocab_size), n = toks.size();
+  double kl = 0, agree = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float* x = la.data() + i * V;
+    const float* y = lb.data() + i * V;
+    const double mx = *std::max_element(x, x + V), my = *std::max_element(y, y + V);
+    double sx = 0, sy = 0;
+    for (std::size_t v = 0; v < V; ++v) sx += std::exp(x[v] - mx), sy += std::exp(y[v] - my);
+    double k = 0;
+    for (std::size_t v = 0; v < V; ++v) {
+      const double lpx = x[v] - mx - std::log(sx), lpy = y[v] - my - std::log(sy);
+      k += std::exp(lpx) * (lpx - lpy);
+    }
+    kl += k;
+    agree += (std::max_element(x, x + V) - x) == (std::max_element(y, y + V) - y);
+  }
+  return {kl / static_cast<double>(n), agree / static_cast<double>(n)};
+}
+
+TEST(Model, QuantizationCostGrowsAsBitsFall) {
+  REQUIRE_DATA();
+  const Runner r(lm128().m);
+  const auto toks = wikitext_tokens(lm128().tok, 1000);
+  double prev_kl = 0;
+  for (int bits : {8, 4, 2}) {
+    Config cfg;
+    cfg.bits_key = cfg.bits_value = bits;
+    const auto [kl, top1] = kl_top1(r, toks, cfg);
+    EXPECT_GT(kl, prev_kl) << bits << " bits";
+    EXPECT_GT(top1, 0.8) << bits << " bits";
+    prev_kl = kl;
+  }
+}
+
+TEST(Model, GgufConversionGivesIdenticalLogits) {
+  REQUIRE_DATA();
+  for (const Loaded* l : {&baby(), &lm128()}) {
+    const std::string path = tmp("m.gguf");
+    model::write_gguf(l->m, l->tok, path, "f32");
+    Tokenizer tok2;
+    const Model m2 = model::load_model(path, "", &tok2);
+    EXPECT_EQ(tok2.pieces(), l->tok.pieces());
+    EXPECT_EQ(tok2.encode("Hello world", true), l->tok.encode("Hello world", true));
+    const auto toks = wikitext_tokens(l->tok, 120);
+    const Runner r1(l->m), r2(m2);
+    PromptCache c1 = r1.make_cache(CacheKind::plain), c2 = r2.make_cache(CacheKind::plain);
+    EXPECT_EQ(r1.forward(toks, c1, true), r2.forward(toks, c2, true));
+    for (const char* dt : {"f16", "bf16"}) {  // reduced tensor types load and stay close
+      model::write_gguf(l->m, l->tok, path, dt);
+      const Model m3 = model::load_model(path, "", &tok2);
+      EXPECT_NEAR(m3.layers[0].wq[7], l->m.layers[0].wq[7], std::fabs(l->m.layers[0].wq[7]) * 0x1p-8 + 1e-7);
+    }
+    fs::remove(path);
+  }
+}
+
+// llama2.c "ak42" exports, written here the way export.py writes them.
+std::string export_llama2c(const Model& m, int version, int group) {
+  std::string b;
+  auto put = [&](const void* p, std::size_t n) { b.append(static_cast<const char*>(p), n); };
+  const std::uint32_t magic = 0x616b3432;
+  put(&magic, 4);
+  put(&version, 4);
+  const auto& c = m.cfg;
+  const std::int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len};
+  put(h, sizeof h);
+  const std::uint8_t shared = c.shared_classifier;
+  put(&shared, 1);
+  if (version == 2) put(&group, 4);
+  b.resize(256, '\0');
+  auto f32 = [&](const std::vector<float>& v) { put(v.data(), v.size() * 4); };
+  auto q80 = [&](const std::vector<float>& v) {
+    std::vector<std::int8_t> q(v.size());
+    std::vector<float> s(v.size() / static_cast<std::size_t>(group));
+    for (std::size_t gi = 0; gi < s.size(); ++gi) {
+      float mx = 0;
+      for (int k = 0; k < group; ++k) mx = std::max(mx, std::fabs(v[gi * static_cast<std::size_t>(group) + static_cast<std::size_t>(k)]));
+      s[gi] = mx / 127.0f;
+      for (int k = 0; k < group; ++k) {
+        const std::size_t i = gi * static_cast<std::size_t>(group) + static_cast<std::size_t>(k);
+        q[i] = static_cast<std::int8_t>(s[gi] > 0 ? std::nearbyint(v[i] / s[gi]) : 0);
+      }
+    }
+    put(q.data(), q.size());
+    put(s.data(), s.size() * 4);
+  };
+  for (const auto& l : m.layers) f32(l.attn_norm);
+  for (const auto& l : m.layers) f32(l.ffn_norm);
+  f32(m.final_norm);
+  auto w = [&](const std::vector<float>& v) { version == 1 ? f32(v) : q80(v); };
+  w(m.tok_embeddings);
+  for (auto f : {&model::LayerWeights::wq, &model::LayerWeights::wk, &model::LayerWeights::wv, &model::LayerWeights::wo,
+                 &model::LayerWeights::w1, &model::LayerWeights::w2, &model::LayerWeights::w3}) {
+    for (const auto& l : m.layers) w(l.*f);
+  }
+  return b;
+}
+
+TEST(Model, Llama2cVersionedExportsLoad) {
+  REQUIRE_DATA();
+  const Model& m = baby().m;
+  const std::string path = tmp("v.bin");
+  for (int version : {1, 2}) {
+    {
+      std::ofstream f(path, std::ios::binary);
+      const std::string b = export_llama2c(m, version, 32);
+      f.write(b.data(), static_cast<std::streamsize>(b.size()));
+    }
+    const Model m2 = model::load_llama2c(path);
+    EXPECT_EQ(m2.cfg.dim, m.cfg.dim);
+    EXPECT_EQ(m2.final_norm, m.final_norm);
+    if (version == 1) {
+      EXPECT_EQ(m2.layers[3].w2, m.layers[3].w2);
+      EXPECT_EQ(m2.tok_embeddings, m.tok_embeddings);
+    } else {  // int8 groups: within half a step of the original
+      for (std::size_t i = 0; i < 64; ++i) EXPECT_NEAR(m2.layers[1].wq[i], m.layers[1].wq[i], 0.01);
+    }
+    // truncated by one byte: a clear error
+    fs::resize_file(path, fs::file_size(path) - 1);
+    EXPECT_THROW(model::load_llama2c(path), Error);
+  }
+  fs::remove(path);
+}
+
+TEST(Model, Tokenizers) {
+  REQUIRE_DATA();
+  const Tokenizer& bt = baby().tok;
+  const auto t = bt.encode("Once upon a time", true);
+  EXPECT_EQ(t.front(), 1);
+  EXPECT_EQ(bt.pieces()[static_cast<std::size_t>(t[1])], " ");  // the dummy prefix
+  std::string back;
+  for (std::size_t i = 1; i < t.size(); ++i) back += bt.decode(t[i - 1], t[i]);
+  EXPECT_EQ(back, "Once upon a time");
+  EXPECT_EQ(bt.encode("a\nb", false)[2], 0);  // newline is <unk> in this vocabulary
+  const Tokenizer& lt = lm128().tok;
+  const std::string s = "Caf\xc3\xa9 = 3\n\tend";
+  const auto u = lt.encode(s, true);
+  ASSERT_EQ(u.size(), s.size() + 1);
+  for (std::size_t i = 0; i < s.size(); ++i) EXPECT_EQ(u[i + 1], static_cast<unsigned char>(s[i]) + 3);
+  std::string back2;
+  for (std::size_t i = 1; i < u.size(); ++i) back2 += lt.decode(u[i - 1], u[i]);
+  EXPECT_EQ(back2, s);
+}
+
+TEST(Model, BadFilesAreClearErrors) {
+  REQUIRE_DATA();
+  const std::string path = tmp("bad.bin");
+  auto write = [&](const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  };
+  std::ifstream f(kData / "babyllama/model5000.bin", std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (std::size_t n : {0ul, 10ul, 28ul, 1000ul, good.size() / 2, good.size() - 4}) {
+    write(good.substr(0, n));
+    EXPECT_THROW(model::load_llama2c(path), Error) << n;
+  }
+  std::string bad_hdr = good;
+  const std::int32_t heads = 7;  // does not divide dim 128
+  std::memcpy(bad_hdr.data() + 12, &heads, 4);
+  write(bad_hdr);
+  try {
+    model::load_llama2c(path);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_heads=7"), std::string::npos) << e.what();
+  }
+  // GGUF: truncated anywhere
+  model::write_gguf(baby().m, baby().tok, path, "f16");
+  std::ifstream g(path, std::ios::binary);
+  const std::string gg((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  for (std::size_t n = 0; n < gg.size(); n += gg.size() / 37) {
+    write(gg.substr(0, n));
+    Tokenizer tk;
+    EXPECT_THROW(model::load_gguf(path, &tk), Error) << n;
+  }
+  // tokenizer: truncated
+  std::ifstream tf(kData / "babyllama/tok105.bin", std::ios::binary);
+  const std::string tb((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+  write(tb.substr(0, tb.size() / 2));
+  EXPECT_THROW(Tokenizer::load_llama2c(path, 105), Error);
+  fs::remove(path);
+}
+
+TEST(Model, CommandLineRejectsBadInput) {
+  REQUIRE_DATA();
+  const std::string model = (kData / "babyllama/model5000.bin").string();
+  const std::string err = tmp("err.txt");
+  auto run = [&](const std::string& args) {
+    const int rc = std::system((std::string(SKVQ_CLI_PATH) + " " + args + " >/dev/null 2>" + err).c_str());
+    std::ifstream e(err);
+    std::string text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+    return std::pair<int, std::string>{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text};
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate --model /nonexistent.bin --prompt hi", "--model"},
+      {"generate --model " + model + " --prompt hi --cache fp8", "--cache fp8"},
+      {"generate --model " + model + " --prompt hi --cache skvq --set bits_key=9", "bits_key=9"},
+      {"generate --model " + model + " --prompt hi -n -3", "-n -3"},
+      {"generate --model " + model + " --prompt hi --load-cache /nonexistent.st", "--load-cache"},
+      {"eval --model " + model + " --text /nonexistent.txt", "--text"},
+      {"eval --model " + model + " --text " + model + " --config :bits_key=2", "NAME"},
+      {"eval --model " + model + " --text " + model + " --config a:window=1", "window=1"},
+      {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const auto [rc, text] = run(args);
+    EXPECT_EQ(rc, 2) << args;
+    EXPECT_NE(text.find(needle), std::string::npos) << args << " -> " << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
+  }
+  fs::remove(err);
+}
+
+TEST(Model, GenerateSavesAndResumesACache) {
+  REQUIRE_DATA();
+  const std::string model = (kData / "babyllama/model5000.bin").string();
+  const std::string file = tmp("conv.safetensors"), out1 = tmp("o1.txt"), out2 = tmp("o2.txt");
+  const std::string cli = SKVQ_CLI_PATH;
+  // one go: prompt A then B; resumed: A saved, then B from the file
+  ASSERT_EQ(std::system((cli + " generate --model " + model + " --cache skvq --set window=16 --set n_sink=2 --set group_size=8" +
+                         " --prompt 'Once upon a time' -n 20 --save-cache " + file + " >" + out1 + " 2>/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((cli + " generate --model " + model + " --load-cache " + file + " --prompt ' The end.' -n 20 >" + out2 +
+                         " 2>/dev/null").c_str()), 0);
+  std::ifstream o2(out2);
+  const std::string resumed((std::istreambuf_iterator<char>(o2)), std::istreambuf_iterator<char>());
+  EXPECT_GT(resumed.size(), std::string(" The end.").size());
+  // the same conversation in-process
+  const Runner r(baby().m);
+  Config cfg;
+  cfg.window = 16;
+  cfg.n_sink = 2;
+  cfg.group_size = 8;
+  PromptCache cache = r.make_cache(CacheKind::skvq, cfg);
+  auto run = [&](const std::vector<int>& prompt, int n, std::string* text) {
+    auto logits = r.forward(prompt, cache, false);
+    int prev = prompt.back();
+    for (int i = 0; i < n; ++i) {
+      const int next = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      *text += baby().tok.decode(prev, next);
+      const int one[1] = {next};
+      logits = r.forward(one, cache, false);
+      prev = next;
+    }
+  };
+  std::string t1, t2;
+  run(baby().tok.encode("Once upon a time", true), 20, &t1);
+  run(baby().tok.encode(" The end.", false), 20, &t2);
+  EXPECT_EQ(resumed, " The end." + t2 + "\n");
+  for (const auto& p : {file, out1, out2}) fs::remove(p);
+}
+
+}  // namespace
+}  // namespace skvq::test
