@@ -1,0 +1,261 @@
+// GPU benchmarks (issue 5), side by side in one run on one device:
+//   copy bandwidth; flush throughput; decode attention of skvq fused kernels
+//   vs the project's fp16 kernel for B x Hkv x kv_len; a Llama-2-7B-shaped
+//   32-layer cache of 1M tokens. Prints tables and "RESULT ..." lines that
+//   scripts/gpu_report.py merges with PyTorch's numbers.
+// Usage: bench_cuda [--quick] [--no-scale]
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "skvq/cuda.hpp"
+#include "skvq/skvq.hpp"
+
+using namespace skvq;
+
+#define CHECK(x)                                                                               \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+namespace {
+
+__global__ void fill_random(__half* p, std::size_t n, std::uint32_t seed, float scale) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    x ^= x >> 16, x *= 0x7feb352d, x ^= x >> 15, x *= 0x846ca68b, x ^= x >> 16;
+    const std::uint32_t y = x * 1664525u + 1013904223u;
+    // sum of two uniforms - 1: a triangular, zero-mean value; a few larger channels
+    const float u = (x & 0xffffff) / 16777216.0f + (y & 0xffffff) / 16777216.0f - 1.0f;
+    const float big = ((i & 127) % 37 == 0) ? 8.0f : 1.0f;
+    p[i] = __float2half(u * scale * big);
+  }
+}
+
+__global__ void fill_random_f32(float* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t x = static_cast<std::uint32_t>(i) * 2246822519u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995, x ^= x >> 15;
+    p[i] = (x & 0xffffff) / 8388608.0f - 1.0f;
+  }
+}
+
+void random_half(__half* p, std::size_t n, std::uint32_t seed) {
+  fill_random<<<2048, 256>>>(p, n, seed, 1.0f);
+  CHECK(cudaGetLastError());
+}
+
+// Median time in ms of fn over reps (after warm-up), with events.
+double time_ms(int reps, const std::function<void()>& fn) {
+  fn();
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a));
+    fn();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double copy_bandwidth() {
+  const std::size_t n = std::size_t{4} << 30;
+  void *a, *b;
+  CHECK(cudaMalloc(&a, n));
+  CHECK(cudaMalloc(&b, n));
+  random_half(static_cast<__half*>(a), n / 2, 1);
+  const double ms = time_ms(10, [&] { CHECK(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice)); });
+  CHECK(cudaFree(a));
+  CHECK(cudaFree(b));
+  return 2.0 * static_cast<double>(n) / (ms * 1e-3);
+}
+
+struct Setting {
+  const char* name;
+  int bk, bv, group;
+};
+const Setting kSettings[] = {{"K2V2g128", 2, 2, 128}, {"K4V4g128", 4, 4, 128}, {"K2V2g32", 2, 2, 32}};
+
+Config make_config(const Setting& s, bool search = true) {
+  Config c;
+  c.head_dim = 128;
+  c.bits_key = s.bk;
+  c.bits_value = s.bv;
+  c.group_size = s.group;
+  c.clip_search = search;
+  c.dense_view = false;
+  return c;
+}
+
+void flush_table(double bw, bool quick) {
+  const std::int64_t T = quick ? 16384 : 131072, H = 32;
+  const std::size_t n = static_cast<std::size_t>(H * T * 128);
+  __half *k, *v;
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  random_half(k, n, 11);
+  random_half(v, n, 12);
+  std::printf("\n## Flush throughput: B=1, H=32, D=128, %lld tokens appended in one call (%lld windows)\n\n",
+              static_cast<long long>(T), static_cast<long long>(T / 128));
+  std::printf("| setting | search | ms | GB/s of fp16 input | %% of copy bw |\n|---|---|---|---|---|\n");
+  for (const Setting& s : kSettings) {
+    for (bool search : {true, false}) {
+      const Config cfg = make_config(s, search);
+      auto ms = time_ms(3, [&] {
+        cuda::DeviceCache c(cfg, 1, H, 128, T);
+        c.append_device(k, v, T);
+        CHECK(cudaDeviceSynchronize());
+      });
+      const double gbs = 2.0 * n * 2 / (ms * 1e-3) / 1e9;
+      std::printf("| %s | %s | %.3f | %.1f | %.1f%% |\n", s.name, search ? "on" : "off", ms, gbs, 100 * gbs * 1e9 / bw);
+      std::printf("RESULT flush setting=%s search=%d ms=%.4f gbs=%.2f\n", s.name, search, ms, gbs);
+    }
+  }
+  CHECK(cudaFree(k));
+  CHECK(cudaFree(v));
+}
+
+void decode_table(double bw, bool quick) {
+  std::printf("\n## Decode attention, one step: Hq=32, D=128, fp16 history, q fp32\n\n");
+  std::printf("| B | Hkv | kv_len | kernel | ms | MB read | GB/s | %% copy bw | fp16 / this |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<int> Bs = {1, 8, 32}, Hs = {32, 8};
+  std::vector<std::int64_t> Ts = {4096, 32768, 131072, 524288};
+  if (quick) Bs = {1}, Ts = {4096, 32768};
+  for (int B : Bs)
+    for (int Hkv : Hs)
+      for (std::int64_t T : Ts) {
+        const double fp16_bytes = 2.0 * B * Hkv * T * 128 * 2;
+        if (fp16_bytes > 72e9) continue;  // leave room for the packed caches
+        const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
+        __half *k, *v;
+        float *q, *out;
+        CHECK(cudaMalloc(&k, n * 2));
+        CHECK(cudaMalloc(&v, n * 2));
+        CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
+        CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
+        random_half(k, n, static_cast<std::uint32_t>(T + B));
+        random_half(v, n, static_cast<std::uint32_t>(T + Hkv));
+        fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
+        const float scale = 1.0f / std::sqrt(128.0f);
+        const int reps = T >= 131072 ? 20 : 50;
+        const double t16 = time_ms(reps, [&] { cuda::attend_dense_fp16(q, k, v, out, B, 32, Hkv, 1, T, 128, 128, scale); });
+        std::printf("| %d | %d | %lld | fp16 (skvq kernel) | %.4f | %.1f | %.0f | %.1f%% | 1.00 |\n", B, Hkv,
+                    static_cast<long long>(T), t16, fp16_bytes / 1e6, fp16_bytes / (t16 * 1e-3) / 1e9,
+                    100 * fp16_bytes / (t16 * 1e-3) / bw);
+        std::printf("RESULT decode kernel=fp16 B=%d Hkv=%d T=%lld ms=%.5f bytes=%.0f\n", B, Hkv, static_cast<long long>(T), t16,
+                    fp16_bytes);
+        for (const Setting& s : kSettings) {
+          cuda::DeviceCache c(make_config(s), B, Hkv, 128, T);
+          c.append_device(k, v, T);
+          const double tq = time_ms(reps, [&] { c.attend_device(q, 32, 1, scale, out); });
+          const double bytes = static_cast<double>(c.bytes_read_per_step());
+          std::printf("| %d | %d | %lld | %s | %.4f | %.1f | %.0f | %.1f%% | %.2f |\n", B, Hkv, static_cast<long long>(T), s.name,
+                      tq, bytes / 1e6, bytes / (tq * 1e-3) / 1e9, 100 * bytes / (tq * 1e-3) / bw, t16 / tq);
+          std::printf("RESULT decode kernel=%s B=%d Hkv=%d T=%lld ms=%.5f bytes=%.0f\n", s.name, B, Hkv,
+                      static_cast<long long>(T), tq, bytes);
+        }
+        std::fflush(stdout);
+        CHECK(cudaFree(k));
+        CHECK(cudaFree(v));
+        CHECK(cudaFree(q));
+        CHECK(cudaFree(out));
+      }
+}
+
+void scale_test(std::int64_t tokens) {
+  const int layers = 32, H = 32;
+  std::printf("\n## Scale: Llama-2-7B-shaped cache (32 layers, 32 KV heads, D=128, K2V2 g128), %lld tokens\n\n",
+              static_cast<long long>(tokens));
+  std::size_t free0 = 0, total = 0;
+  CHECK(cudaMemGetInfo(&free0, &total));
+  // One source window of 64k random tokens, appended over and over (flush kernels do all the work).
+  const std::int64_t src_T = 65536;
+  const std::size_t n = static_cast<std::size_t>(H) * src_T * 128;
+  __half *k, *v;
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  random_half(k, n, 21);
+  random_half(v, n, 22);
+  Config cfg = make_config(kSettings[0]);
+  std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  CHECK(cudaEventRecord(a));
+  for (int l = 0; l < layers; ++l) {
+    caches.push_back(std::make_unique<cuda::DeviceCache>(cfg, 1, H, 128, tokens));
+    for (std::int64_t t = 0; t < tokens; t += src_T) caches.back()->append_device(k, v, std::min(src_T, tokens - t));
+  }
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float fill_ms = 0;
+  CHECK(cudaEventElapsedTime(&fill_ms, a, b));
+  CHECK(cudaFree(k));
+  CHECK(cudaFree(v));
+  std::size_t free1 = 0;
+  CHECK(cudaMemGetInfo(&free1, &total));
+  float *q, *out;
+  CHECK(cudaMalloc(&q, 32 * 128 * 4));
+  CHECK(cudaMalloc(&out, 32 * 128 * 4));
+  fill_random_f32<<<64, 256>>>(q, 32 * 128, 9);
+  const double step = time_ms(10, [&] {
+    for (auto& c : caches) c->attend_device(q, 32, 1, 1.0f / std::sqrt(128.0f), out);
+  });
+  std::int64_t held = 0, alloc = 0, read = 0;
+  for (auto& c : caches) held += c->bytes_held(), alloc += c->bytes_allocated(), read += c->bytes_read_per_step();
+  const double fp16 = 2.0 * layers * H * static_cast<double>(tokens) * 128 * 2;
+  std::printf("| tokens | layers | device memory used | cache bytes allocated | fp16 would need | fill s | fill GB/s fp16-in | 32-layer step ms | GB/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| %lld | %d | %.1f GB | %.1f GB | %.1f GB | %.2f | %.0f | %.3f | %.0f |\n", static_cast<long long>(tokens), layers,
+              (free0 - free1) / 1e9, alloc / 1e9, fp16 / 1e9, fill_ms / 1e3, fp16 / (fill_ms * 1e-3) / 1e9, step,
+              read / (step * 1e-3) / 1e9);
+  std::printf("RESULT scale tokens=%lld mem_gb=%.2f fp16_gb=%.2f fill_s=%.3f step_ms=%.4f held_gb=%.2f\n",
+              static_cast<long long>(tokens), (free0 - free1) / 1e9, fp16 / 1e9, fill_ms / 1e3, step, held / 1e9);
+  CHECK(cudaFree(q));
+  CHECK(cudaFree(out));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, scale = true;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--no-scale") == 0) scale = false;
+  }
+  if (!cuda::available()) {
+    std::printf("no GPU: %s\n", cuda::device_description().c_str());
+    return 0;
+  }
+  std::printf("device: %s\n", cuda::device_description().c_str());
+  const double bw = copy_bandwidth();
+  std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
+  std::printf("RESULT copy gbs=%.1f\n", bw / 1e9);
+  flush_table(bw, quick);
+  decode_table(bw, quick);
+  if (scale) scale_test(quick ? 131072 : 1000000);
+  return 0;
+}

@@ -1,0 +1,84 @@
+// The GPU backend: a device-resident SKVQ layer cache (same per-row codes
+// and metadata as the CPU cache, flushed on the GPU) and fused attention
+// straight from it. Builds without CUDA compile stubs whose available() is
+// false and whose constructors throw skvq::Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "skvq/config.hpp"
+#include "skvq/layer_cache.hpp"
+
+namespace skvq::cuda {
+
+// True when this build has the CUDA backend and a CUDA device is usable.
+bool available();
+// The device's name, or why none is usable.
+std::string device_description();
+
+struct DeviceCacheImpl;
+
+// One layer's cache in device memory. Supported: bits 1, 2, 4 or 8 per side,
+// head dims D, Dv multiples of 16 up to 256, group_size a multiple of 16 (or
+// >= D), every metadata mode. Keys and values are fp16.
+//
+// Device layout: window-sized slots, one per flushed chunk (rows of chunk 0
+// below n_sink unused), each holding for every (b, h) the rows' codes
+// (ceil(D * bits / 8) bytes a row, the CPU cache's bit order, permuted
+// channel order) and their lo / scale (meta_bytes each, [row][group]); plus
+// an exact fp16 tail [B, H, window, D] and exact sinks [B, H, n_sink, D].
+class DeviceCache {
+ public:
+  // capacity: tokens the cache can hold (memory is reserved up front).
+  DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
+              std::int64_t capacity);
+  ~DeviceCache();
+  DeviceCache(const DeviceCache&) = delete;
+  DeviceCache& operator=(const DeviceCache&) = delete;
+
+  // Appends S tokens from device memory: keys [B, H, S, D], values
+  // [B, H, S, Dv], fp16, contiguous. Whole windows are flushed on the GPU in
+  // one launch (the first flush computes the permutations).
+  void append_device(const void* keys, const void* values, std::int64_t S);
+  // Same from host tensors (any dtype/strides; converted to fp16 on the host).
+  void append(const TensorView& keys, const TensorView& values);
+
+  // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous) over the
+  // cache; query row i sits at position offset - Sq + i (causal). Writes
+  // out [B, Hq, Sq, Dv] fp32 (device). num_splits 0: chosen to fill the GPU.
+  void attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
+                     int num_splits = 0) const;
+  // Same with host tensors; returns [B, Hq, Sq, Dv] fp32.
+  Tensor attend(const TensorView& queries, float scale) const;
+
+  std::int64_t offset() const;
+  std::int64_t q_end() const;
+  std::int64_t bytes_allocated() const;  // device bytes reserved
+  std::int64_t bytes_held() const;       // packed chunks in use + tail + sinks + perms
+  // Bytes one attention call reads (packed codes and metadata, sinks, live tail).
+  std::int64_t bytes_read_per_step() const;
+
+  // Copies the whole state back into a CPU SkvqCache (packed-only), for
+  // comparisons with the CPU cache: same codes, metadata, perms, counters.
+  SkvqCache to_host() const;
+
+ private:
+  std::unique_ptr<DeviceCacheImpl> impl_;
+};
+
+// Dense fp16 decode attention with the same kernel structure (the project's
+// own fp16 baseline): q [B, Hq, Sq, D] fp32, k [B, Hkv, T, D] fp16,
+// v [B, Hkv, T, Dv] fp16, out [B, Hq, Sq, Dv] fp32; all device pointers.
+void attend_dense_fp16(const float* q, const void* k, const void* v, float* out, std::int64_t batch,
+                       std::int64_t num_q_heads, std::int64_t num_kv_heads, std::int64_t sq, std::int64_t kv_len,
+                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits = 0);
+
+// Device memory helpers for tests and benchmarks (throw skvq::Error on failure).
+void* device_alloc(std::size_t bytes);
+void device_free(void* p);
+void copy_to_device(void* dst, const void* src, std::size_t bytes);
+void copy_to_host(void* dst, const void* src, std::size_t bytes);
+void synchronize();
+
+}  // namespace skvq::cuda

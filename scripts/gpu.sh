@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On a GPU machine: the GPU tests (plus compute-sanitizer memcheck), the GPU
+# benchmarks and PyTorch's fp16 flash attention on the same shapes, in one
+# run; prints a short table last. Uses binaries built by scripts/gpu_build.sh
+# (carried in .devrun/) when present, else builds here.
+# Usage: scripts/gpu.sh [--quick] [OUT_DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
+out=${1:-${OUT:-/tmp/skvq-gpu}}
+mkdir -p "$out"
+if [ -x .devrun/skvq_tests ]; then
+  bin=.devrun; export LD_LIBRARY_PATH="$PWD/.devrun/lib:${LD_LIBRARY_PATH:-}"
+else
+  cmake -S . -B build-gpu -DSKVQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j"$(nproc)" >/dev/null || exit 1
+  bin=build-gpu; cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/ 2>/dev/null
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+echo "== GPU tests"
+"$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' 2>&1 | tail -n 4 | tee "$out/tests.txt"
+echo "== compute-sanitizer memcheck"
+compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 3 | tee "$out/memcheck.txt"
+echo "== benchmarks"
+"$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
+python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
+grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
+python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds the GPU test and benchmark binaries here (nvcc, sm_90) and gathers
+# them with the shared libraries they need into .devrun/ for the device run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh build-gpu -DSKVQ_CUDA=ON >/dev/null
+rm -rf .devrun && mkdir -p .devrun/lib
+cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda .devrun/
+for lib in libhwy.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+  cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
+done
+du -sh .devrun

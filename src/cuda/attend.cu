@@ -1,0 +1,354 @@
+// Fused split-K attention over the device cache: [exact sinks | packed body |
+// exact tail], grouped-query attention, causal prefill, and a combine step.
+//
+// A block (128 threads) owns one (batch, kv head, token split) and up to NQ
+// query rows of that kv head. Its threads form 16 groups of 8 lanes; a group
+// takes one token at a time, lane l holding channels [16 l, 16 l + 16) of the
+// row in the side's permuted order: 16 codes = 2 * bits bytes, one load. Each
+// group keeps its own online softmax (max, sum, accumulators); the block
+// merges its 16 groups in shared memory and writes one partial per split,
+// and the combine kernel merges the splits and undoes the value permutation.
+#include <cfloat>
+
+#include "cuda/common.cuh"
+#include "cuda/device_state.cuh"
+#include "cuda/kernels.cuh"
+
+namespace skvq::cuda {
+
+namespace {
+
+constexpr int kCPL = 16;     // codes (channels) per lane
+constexpr int kLanes = 8;    // lanes per token: D = 128
+constexpr int kD = kCPL * kLanes;
+constexpr int kThreads = 128;
+constexpr int kGroups = kThreads / kLanes;  // 16 tokens in flight per block
+constexpr int kTile = 4;                    // tokens per group per step
+
+template <int BITS>
+struct LaneCodes {
+  static constexpr int kBytes = kCPL * BITS / 8;
+  static constexpr int kWords = (kBytes + 3) / 4;
+  unsigned w[kWords];
+  __device__ __forceinline__ void load(const unsigned char* p) {
+    if constexpr (kBytes == 16) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+      w[0] = v.x, w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+    } else {
+      w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
+    }
+  }
+  // Code i as float: the exponent trick (2^23 + c) - 2^23, exact for c < 2^23.
+  __device__ __forceinline__ float code(int i) const {
+    const int bit = i * BITS;
+    const unsigned c = (w[bit / 32] >> (bit % 32)) & ((1u << BITS) - 1u);
+    return __uint_as_float(c | 0x4B000000u) - 8388608.0f;
+  }
+};
+
+// 16 fp16 channels of an exact row, in `perm` order when given.
+__device__ __forceinline__ void load_exact(const __half* row, const int* perm, int lane, float* x) {
+  if (perm == nullptr) {
+    const uint4* p = reinterpret_cast<const uint4*>(row + lane * kCPL);
+    const uint4 a = __ldg(p), b = __ldg(p + 1);
+    const __half2* ha = reinterpret_cast<const __half2*>(&a);
+    const __half2* hb = reinterpret_cast<const __half2*>(&b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 fa = __half22float2(ha[i]), fb = __half22float2(hb[i]);
+      x[2 * i] = fa.x, x[2 * i + 1] = fa.y, x[8 + 2 * i] = fb.x, x[8 + 2 * i + 1] = fb.y;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) x[c] = __half2float(row[perm[lane * kCPL + c]]);
+  }
+}
+
+struct Where {
+  int kind;  // 0 exact, 1 packed
+  const __half* krow;
+  const __half* vrow;
+  std::int64_t slot, row;
+};
+
+template <bool DENSE>
+__device__ __forceinline__ Where locate(const AttnParams& p, std::int64_t bh, std::int64_t t) {
+  Where w{};
+  if constexpr (DENSE) {
+    w.kind = 0;
+    w.krow = p.dense_k + (bh * p.kv_len + t) * kD;
+    w.vrow = p.dense_v + (bh * p.kv_len + t) * kD;
+  } else if (t < p.sinks) {
+    w.kind = 0;
+    w.krow = p.k.sinks + (bh * p.sinks + t) * kD;
+    w.vrow = p.v.sinks + (bh * p.sinks + t) * kD;
+  } else if (t < p.q_end) {
+    w.kind = 1;
+    w.slot = t / p.window;
+    w.row = t % p.window;
+  } else {
+    w.kind = 0;
+    w.krow = p.k.tail + (bh * p.window + (t - p.q_end)) * kD;
+    w.vrow = p.v.tail + (bh * p.window + (t - p.q_end)) * kD;
+  }
+  return w;
+}
+
+template <int KB, int VB, int NQ, bool DENSE>
+__global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int row0) {
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = (!DENSE && p.k.perm) ? p.k.perm + h * kD : nullptr;
+  const int* vperm = (!DENSE && p.v.perm) ? p.v.perm + h * kD : nullptr;
+
+  float q[NQ][kCPL], qs[NQ];
+  std::int64_t limit[NQ];
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) {
+    const int row = row0 + n;
+    const bool valid = row < n_rows;
+    const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
+    const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
+    limit[n] = valid ? p.kv_len - p.Sq + i : -1;
+    qs[n] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) {
+      const int j = lane * kCPL + c;
+      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * p.scale : 0.0f;
+      qs[n] += q[n][c];
+    }
+  }
+  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ];
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) {
+    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
+  }
+  const int G_k = p.k.G, G_v = p.v.G, mb = p.meta_bytes;
+  const int kgrp = (lane * kCPL) / p.group, vgrp = kgrp;  // one metadata group per lane
+  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
+
+  for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTile) {
+    float s[kTile][NQ];
+    Where where[kTile];
+#pragma unroll
+    for (int u = 0; u < kTile; ++u) {
+      const std::int64_t t = base + u * kGroups + grp;
+      const bool in = t < t_end;
+      where[u] = locate<DENSE>(p, bh, in ? t : t_begin);
+      float part[NQ];
+      if (!DENSE && where[u].kind == 1) {
+        LaneCodes<KB> kc;
+        const std::int64_t rowi = bh * p.window + where[u].row;
+        kc.load(p.k.codes + where[u].slot * p.k.slot_codes + rowi * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
+        const std::int64_t mo = where[u].slot * p.k.slot_meta + (rowi * G_k + kgrp) * mb;
+        const float ks = load_meta(p.k.scale + mo, p.meta), kl = load_meta(p.k.lo + mo, p.meta);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          float d = 0.0f;
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.code(c), d);
+          part[n] = fmaf(ks, d, kl * qs[n]);
+        }
+      } else {
+        float x[kCPL];
+        load_exact(where[u].krow, kperm, lane, x);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          float d = 0.0f;
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], x[c], d);
+          part[n] = d;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        float v = part[n];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        s[u][n] = (in && t <= limit[n]) ? v : -INFINITY;
+      }
+    }
+    float pw[kTile][NQ];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      float mt = s[0][n];
+#pragma unroll
+      for (int u = 1; u < kTile; ++u) mt = fmaxf(mt, s[u][n]);
+      const float mnew = fmaxf(m[n], mt);
+      if (mnew == -INFINITY) {
+#pragma unroll
+        for (int u = 0; u < kTile; ++u) pw[u][n] = 0.0f;
+        continue;
+      }
+      const float corr = __expf(m[n] - mnew);
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kTile; ++u) {
+        pw[u][n] = __expf(s[u][n] - mnew);
+        sum += pw[u][n];
+      }
+      l[n] = l[n] * corr + sum;
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
+        lacc[n] *= corr;
+      }
+      m[n] = mnew;
+    }
+#pragma unroll
+    for (int u = 0; u < kTile; ++u) {
+      if (!DENSE && where[u].kind == 1) {
+        LaneCodes<VB> vc;
+        const std::int64_t rowi = bh * p.window + where[u].row;
+        vc.load(p.v.codes + where[u].slot * p.v.slot_codes + rowi * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
+        const std::int64_t mo = where[u].slot * p.v.slot_meta + (rowi * G_v + vgrp) * mb;
+        const float vs = load_meta(p.v.scale + mo, p.meta), vl = load_meta(p.v.lo + mo, p.meta);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          const float w = pw[u][n] * vs;
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.code(c), acc[n][c]);
+          lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
+        }
+      } else {
+        float x[kCPL];
+        load_exact(where[u].vrow, vperm, lane, x);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(pw[u][n], x[c], acc[n][c]);
+        }
+      }
+    }
+  }
+
+  // Merge the 16 groups of the block.
+  __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
+  __shared__ float sm_acc[kGroups][NQ][kD];
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) {
+    if (lane == 0) sm_m[grp][n] = m[n], sm_l[grp][n] = l[n];
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = acc[n][c] + lacc[n];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
+    const int n = e / kD, j = e % kD;
+    const int row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int g = 0; g < kGroups; ++g) M = fmaxf(M, sm_m[g][n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int g = 0; g < kGroups; ++g) {
+        const float w = __expf(sm_m[g][n] - M);
+        L += sm_l[g][n] * w;
+        A += sm_acc[g][n][j] * w;
+      }
+    }
+    const int gq = row / p.Sq, i = row % p.Sq;
+    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
+    if (j == 0) {
+      p.ws_m[qrow * p.splits + split] = M;
+      p.ws_l[qrow * p.splits + split] = L;
+    }
+    p.ws_acc[(qrow * p.splits + split) * kD + j] = A;
+  }
+}
+
+__global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+  const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
+  const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
+  const int j = threadIdx.x;
+  float M = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.ws_m[qrow * p.splits + s]);
+  float L = 0.0f, A = 0.0f;
+  for (int s = 0; s < p.splits; ++s) {
+    const float ms = p.ws_m[qrow * p.splits + s];
+    if (ms == -INFINITY) continue;
+    const float w = __expf(ms - M);
+    L += p.ws_l[qrow * p.splits + s] * w;
+    A += p.ws_acc[(qrow * p.splits + s) * kD + j] * w;
+  }
+  const int dst = vperm_all ? vperm_all[h * kD + j] : j;
+  out[qrow * kD + dst] = A / L;
+}
+
+template <int KB, int VB, bool DENSE>
+void launch_rows(const AttnParams& p, cudaStream_t stream) {
+  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const dim3 grid(p.splits, p.Hkv, p.B);
+  int row = 0;
+  while (row < n_rows) {
+    const int left = n_rows - row;
+    if (left >= 4) {
+      attn_kernel<KB, VB, 4, DENSE><<<grid, kThreads, 0, stream>>>(p, row);
+      row += 4;
+    } else if (left >= 2) {
+      attn_kernel<KB, VB, 2, DENSE><<<grid, kThreads, 0, stream>>>(p, row);
+      row += 2;
+    } else {
+      attn_kernel<KB, VB, 1, DENSE><<<grid, kThreads, 0, stream>>>(p, row);
+      row += 1;
+    }
+    SKVQ_CUDA_LAUNCH_CHECK();
+  }
+}
+
+}  // namespace
+
+int choose_splits(const AttnParams& p, int requested) {
+  if (requested > 0) return requested;
+  int sms = 132;
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const std::int64_t blocks_per_split = static_cast<std::int64_t>(p.B) * p.Hkv;
+  std::int64_t splits = (4LL * sms + blocks_per_split - 1) / blocks_per_split;
+  const std::int64_t max_splits = (p.kv_len + 255) / 256;  // at least 256 tokens a split
+  splits = std::max<std::int64_t>(1, std::min(splits, max_splits));
+  return static_cast<int>(splits);
+}
+
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
+  if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
+  p.splits = choose_splits(p, requested_splits);
+  p.split_len = (p.kv_len + p.splits - 1) / p.splits;
+  p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);
+  p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
+  const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
+  float* ws = nullptr;
+  const std::size_t ws_bytes = static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float);
+  SKVQ_CUDA_CHECK(cudaMallocAsync(&ws, ws_bytes, stream));
+  p.ws_m = ws;
+  p.ws_l = ws + rows * p.splits;
+  p.ws_acc = ws + 2 * rows * p.splits;
+  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
+  if (dense) launch_rows<2, 2, true>(p, stream);
+  else if (kb == 2 && vb == 2) launch_rows<2, 2, false>(p, stream);
+  else if (kb == 4 && vb == 4) launch_rows<4, 4, false>(p, stream);
+  else if (kb == 8 && vb == 8) launch_rows<8, 8, false>(p, stream);
+  else if (kb == 1 && vb == 1) launch_rows<1, 1, false>(p, stream);
+  else if (kb == 4 && vb == 2) launch_rows<4, 2, false>(p, stream);
+  else if (kb == 8 && vb == 4) launch_rows<8, 4, false>(p, stream);
+  else {
+    cudaFreeAsync(ws, stream);
+    throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
+                std::to_string(kb) + ", " + std::to_string(vb) + ")");
+  }
+  combine_kernel<<<static_cast<unsigned>(rows), kD, 0, stream>>>(p, dense ? nullptr : p.v.perm, out);
+  SKVQ_CUDA_LAUNCH_CHECK();
+  SKVQ_CUDA_CHECK(cudaFreeAsync(ws, stream));
+}
+
+}  // namespace skvq::cuda

@@ -1,0 +1,39 @@
+// CUDA helpers: every runtime call checked where it is made.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "skvq/error.hpp"
+
+#define SKVQ_CUDA_CHECK(expr)                                                                             \
+  do {                                                                                                    \
+    const cudaError_t skvq_err_ = (expr);                                                                 \
+    if (skvq_err_ != cudaSuccess) {                                                                       \
+      throw ::skvq::Error(std::string("skvq: CUDA error in ") + #expr + " at " + __FILE__ + ":" +        \
+                          std::to_string(__LINE__) + ": " + cudaGetErrorString(skvq_err_));              \
+    }                                                                                                     \
+  } while (0)
+
+#define SKVQ_CUDA_LAUNCH_CHECK() SKVQ_CUDA_CHECK(cudaGetLastError())
+
+namespace skvq::cuda {
+
+// Metadata codes shared by kernels: 0 fp16, 1 fp32, 2 fp8 e4m3.
+__host__ __device__ inline int meta_code(int m) { return m; }
+
+__device__ inline float e4m3_to_float(unsigned char b) {
+  const int e = (b >> 3) & 0xf, m = b & 7;
+  float a = e == 0 ? ldexpf(static_cast<float>(m), -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+  return (b & 0x80) ? -a : a;
+}
+
+__device__ inline float load_meta(const unsigned char* p, int meta) {
+  if (meta == 0) return __half2float(*reinterpret_cast<const __half*>(p));
+  if (meta == 1) return *reinterpret_cast<const float*>(p);
+  return e4m3_to_float(*p);
+}
+
+}  // namespace skvq::cuda

@@ -1,0 +1,385 @@
+// DeviceCache: the host side of the GPU layer cache (allocation, the append
+// state machine, flush launches, attention launches, download for tests).
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/skvq_state.hpp"
+#include "cuda/common.cuh"
+#include "cuda/kernels.cuh"
+#include "ref/meta.hpp"
+#include "skvq/cuda.hpp"
+
+namespace skvq::cuda {
+
+bool available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::string device_description() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (n == 0) return "no CUDA device";
+  cudaDeviceProp prop{};
+  SKVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
+         std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+}
+
+void* device_alloc(std::size_t bytes) {
+  void* p = nullptr;
+  SKVQ_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+  return p;
+}
+void device_free(void* p) {
+  if (p) cudaFree(p);
+}
+void copy_to_device(void* dst, const void* src, std::size_t bytes) {
+  SKVQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+void copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  SKVQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+void synchronize() { SKVQ_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+struct DeviceCacheImpl {
+  Config cfg;
+  std::int64_t B = 0, H = 0, Dv = 0, capacity = 0, slots = 0;
+  std::int64_t offset = 0, q_end = 0, tokens_seen = 0, fp16_k = 0, fp16_v = 0;
+  bool perms_ready = false;
+  DevSide k, v;
+  float* grid = nullptr;
+  int n_grid = 0;
+  std::vector<void*> allocations;
+  std::int64_t allocated = 0;
+
+  void* alloc(std::size_t n) {
+    void* p = device_alloc(n);
+    allocations.push_back(p);
+    allocated += static_cast<std::int64_t>(n);
+    return p;
+  }
+  ~DeviceCacheImpl() {
+    for (void* p : allocations) cudaFree(p);
+  }
+  void init_side(DevSide& s, int D, int bits) {
+    const int mb = meta_bytes(cfg.metadata);
+    s.D = D;
+    s.bits = bits;
+    s.G = (D + cfg.group_size - 1) / cfg.group_size;
+    s.row_bytes = static_cast<std::int64_t>(D) * bits / 8;
+    s.slot_codes = B * H * cfg.window * s.row_bytes;
+    s.slot_meta = B * H * cfg.window * s.G * mb;
+    s.codes = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_codes)));
+    s.lo = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
+    s.scale = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
+    s.tail = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * cfg.window * D) * 2));
+    s.sinks = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
+    s.perm = cfg.reorder ? static_cast<int*>(alloc(static_cast<std::size_t>(H * D) * 4)) : nullptr;
+  }
+  FlushParams flush_params(const __half* src, std::int64_t src_tokens, std::int64_t first, int n_chunks) const {
+    FlushParams f;
+    f.src = src;
+    f.src_tokens = src_tokens;
+    f.first = first;
+    f.n_chunks = n_chunks;
+    f.slot0 = q_end / cfg.window;
+    f.B = static_cast<int>(B);
+    f.H = static_cast<int>(H);
+    f.window = cfg.window;
+    f.n_sink = cfg.n_sink;
+    f.group = cfg.group_size;
+    f.meta = static_cast<int>(cfg.metadata);
+    f.meta_bytes = meta_bytes(cfg.metadata);
+    f.grid = grid;
+    f.n_grid = n_grid;
+    return f;
+  }
+  // Flushes n_chunks windows of both sides; their rows are token `first` on in ks/vs.
+  void flush(const __half* ks, const __half* vs, std::int64_t src_tokens, std::int64_t first, int n_chunks) {
+    for (int side = 0; side < 2; ++side) {
+      DevSide& s = side == 0 ? k : v;
+      const FlushParams f = flush_params(side == 0 ? ks : vs, src_tokens, first, n_chunks);
+      if (q_end == 0) {
+        if (s.perm) run_perm(f, s, 0);
+        if (cfg.n_sink > 0) {
+          SKVQ_CUDA_CHECK(cudaMemcpy2D(s.sinks, static_cast<std::size_t>(cfg.n_sink) * s.D * 2, f.src + first * s.D,
+                                       static_cast<std::size_t>(src_tokens) * s.D * 2,
+                                       static_cast<std::size_t>(cfg.n_sink) * s.D * 2, static_cast<std::size_t>(B * H),
+                                       cudaMemcpyDeviceToDevice));
+        }
+      }
+      run_flush(f, s, 0);
+    }
+    q_end += static_cast<std::int64_t>(n_chunks) * cfg.window;
+  }
+  void to_tail(const __half* src, std::int64_t src_tokens, std::int64_t first, std::int64_t n, DevSide& s) {
+    const std::int64_t live = offset - q_end;
+    SKVQ_CUDA_CHECK(cudaMemcpy2D(s.tail + live * s.D, static_cast<std::size_t>(cfg.window) * s.D * 2, src + first * s.D,
+                                 static_cast<std::size_t>(src_tokens) * s.D * 2, static_cast<std::size_t>(n) * s.D * 2,
+                                 static_cast<std::size_t>(B * H), cudaMemcpyDeviceToDevice));
+  }
+};
+
+DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
+                         std::int64_t capacity) {
+  config.validate();
+  auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
+  if (!available()) bad(device_description());
+  if (config.head_dim != 128) bad("head_dim=" + std::to_string(config.head_dim) + " is not supported on the GPU (128 only)");
+  if (v_head_dim != 128) bad("v_head_dim=" + std::to_string(v_head_dim) + " is not supported on the GPU (128 only)");
+  if (config.group_size % 16 != 0 && config.group_size < config.head_dim) {
+    bad("group_size=" + std::to_string(config.group_size) + " must be a multiple of 16 (or >= head_dim) on the GPU");
+  }
+  const std::pair<int, int> kv{config.bits_key, config.bits_value};
+  const std::vector<std::pair<int, int>> ok{{1, 1}, {2, 2}, {4, 4}, {8, 8}, {4, 2}, {8, 4}};
+  if (std::find(ok.begin(), ok.end(), kv) == ok.end()) {
+    bad("bits (key, value) = (" + std::to_string(kv.first) + ", " + std::to_string(kv.second) +
+        ") are not supported on the GPU: (1,1) (2,2) (4,4) (8,8) (4,2) (8,4)");
+  }
+  if (batch < 1 || num_kv_heads < 1) bad("batch and num_kv_heads must be >= 1");
+  if (capacity < 1) bad("capacity=" + std::to_string(capacity) + " must be >= 1");
+  if (config.max_ctx && capacity > *config.max_ctx) capacity = *config.max_ctx;
+  impl_ = std::make_unique<DeviceCacheImpl>();
+  DeviceCacheImpl& d = *impl_;
+  d.cfg = config;
+  d.cfg.dense_view = false;
+  d.B = batch;
+  d.H = num_kv_heads;
+  d.Dv = v_head_dim;
+  d.capacity = capacity;
+  d.slots = (capacity + config.window - 1) / config.window;
+  d.init_side(d.k, config.head_dim, config.bits_key);
+  d.init_side(d.v, static_cast<int>(v_head_dim), config.bits_value);
+  const std::vector<float> grid = config.clip_grid();
+  d.n_grid = static_cast<int>(grid.size());
+  d.grid = static_cast<float*>(d.alloc(grid.size() * 4));
+  copy_to_device(d.grid, grid.data(), grid.size() * 4);
+}
+
+DeviceCache::~DeviceCache() = default;
+
+void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S) {
+  DeviceCacheImpl& d = *impl_;
+  if (S < 1) throw Error("skvq: cuda::DeviceCache::append_device: S=" + std::to_string(S) + " must be >= 1");
+  if (d.offset + S > d.capacity) {
+    throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
+                std::to_string(d.capacity));
+  }
+  const auto* ks = static_cast<const __half*>(keys);
+  const auto* vs = static_cast<const __half*>(values);
+  const std::int64_t r = d.cfg.window;
+  for (std::int64_t t = 0; t < S;) {
+    const std::int64_t live = d.offset - d.q_end;
+    if (live == 0 && S - t >= r) {  // whole windows straight from the input, one launch
+      const int n_chunks = static_cast<int>((S - t) / r);
+      d.flush(ks, vs, S, t, n_chunks);
+      d.offset += static_cast<std::int64_t>(n_chunks) * r;
+      t += static_cast<std::int64_t>(n_chunks) * r;
+      continue;
+    }
+    const std::int64_t n = std::min(S - t, r - live);
+    d.to_tail(ks, S, t, n, d.k);
+    d.to_tail(vs, S, t, n, d.v);
+    d.offset += n;
+    t += n;
+    if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, r, 0, 1);
+  }
+  d.tokens_seen += S;
+  d.fp16_k += d.B * d.H * S * d.k.D * 2;
+  d.fp16_v += d.B * d.H * S * d.v.D * 2;
+}
+
+void DeviceCache::append(const TensorView& keys, const TensorView& values) {
+  const DeviceCacheImpl& d = *impl_;
+  const Shape4 ks{d.B, d.H, keys.shape[2], d.k.D}, vs{d.B, d.H, keys.shape[2], d.v.D};
+  if (keys.shape != ks || values.shape != vs) {
+    throw Error("skvq: cuda::DeviceCache::append: keys " + shape_string(keys.shape) + " / values " +
+                shape_string(values.shape) + " must be " + shape_string(ks) + " / " + shape_string(vs));
+  }
+  const Tensor k16 = Tensor::copy_of(keys, DType::f16), v16 = Tensor::copy_of(values, DType::f16);
+  void* dk = device_alloc(k16.nbytes());
+  void* dv = device_alloc(v16.nbytes());
+  try {
+    copy_to_device(dk, k16.data(), k16.nbytes());
+    copy_to_device(dv, v16.data(), v16.nbytes());
+    append_device(dk, dv, keys.shape[2]);
+    synchronize();
+  } catch (...) {
+    device_free(dk);
+    device_free(dv);
+    throw;
+  }
+  device_free(dk);
+  device_free(dv);
+}
+
+void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
+                                int num_splits) const {
+  const DeviceCacheImpl& d = *impl_;
+  if (d.offset == 0) throw Error("skvq: cuda attend on an empty cache");
+  if (num_q_heads < d.H || num_q_heads % d.H != 0) {
+    throw Error("skvq: cuda attend: Hq=" + std::to_string(num_q_heads) + " must be a multiple of H=" + std::to_string(d.H));
+  }
+  if (sq < 1 || sq > d.offset) throw Error("skvq: cuda attend: Sq=" + std::to_string(sq) + " must be in [1, offset]");
+  AttnParams p;
+  p.q = q;
+  p.k = d.k;
+  p.v = d.v;
+  p.B = static_cast<int>(d.B);
+  p.Hq = static_cast<int>(num_q_heads);
+  p.Hkv = static_cast<int>(d.H);
+  p.Sq = static_cast<int>(sq);
+  p.D = d.k.D;
+  p.group = std::min(d.cfg.group_size, d.k.D);
+  p.meta = static_cast<int>(d.cfg.metadata);
+  p.meta_bytes = meta_bytes(d.cfg.metadata);
+  p.window = d.cfg.window;
+  p.sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
+  p.q_end = d.q_end;
+  p.kv_len = d.offset;
+  p.scale = scale;
+  if (!d.cfg.reorder) p.k.perm = p.v.perm = nullptr;
+  run_attention(p, false, num_splits, out, 0);
+}
+
+Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
+  const DeviceCacheImpl& d = *impl_;
+  if (queries.shape[0] != d.B || queries.shape[3] != d.k.D) {
+    throw Error("skvq: cuda attend: queries " + shape_string(queries.shape) + " do not match the cache's B and D");
+  }
+  const Tensor q = Tensor::copy_of(queries, DType::f32);
+  Tensor out(DType::f32, {d.B, queries.shape[1], queries.shape[2], d.v.D});
+  float* dq = static_cast<float*>(device_alloc(q.nbytes()));
+  float* dout = static_cast<float*>(device_alloc(out.nbytes()));
+  try {
+    copy_to_device(dq, q.data(), q.nbytes());
+    attend_device(dq, queries.shape[1], queries.shape[2], scale, dout);
+    copy_to_host(out.data(), dout, out.nbytes());
+  } catch (...) {
+    device_free(dq);
+    device_free(dout);
+    throw;
+  }
+  device_free(dq);
+  device_free(dout);
+  return out;
+}
+
+std::int64_t DeviceCache::offset() const { return impl_->offset; }
+std::int64_t DeviceCache::q_end() const { return impl_->q_end; }
+std::int64_t DeviceCache::bytes_allocated() const { return impl_->allocated; }
+
+std::int64_t DeviceCache::bytes_held() const {
+  const DeviceCacheImpl& d = *impl_;
+  const std::int64_t used = d.q_end / d.cfg.window;
+  std::int64_t b = 0;
+  for (const DevSide* s : {&d.k, &d.v}) {
+    b += used * (s->slot_codes + 2 * s->slot_meta) + d.B * d.H * (d.cfg.window + d.cfg.n_sink) * s->D * 2;
+    if (s->perm) b += d.H * s->D * 4;
+  }
+  return b;
+}
+
+std::int64_t DeviceCache::bytes_read_per_step() const {
+  const DeviceCacheImpl& d = *impl_;
+  const std::int64_t r = d.cfg.window, sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
+  const std::int64_t packed_rows = d.q_end - sinks, live = d.offset - d.q_end;
+  std::int64_t b = 0;
+  for (const DevSide* s : {&d.k, &d.v}) {
+    b += d.B * d.H * packed_rows * (s->row_bytes + 2 * s->G * meta_bytes(d.cfg.metadata));
+    b += d.B * d.H * (sinks + live) * s->D * 2;
+  }
+  (void)r;
+  return b;
+}
+
+SkvqCache DeviceCache::to_host() const {
+  const DeviceCacheImpl& d = *impl_;
+  synchronize();
+  SkvqCache c(d.cfg);
+  detail::SkvqState& st = c.mutable_state();
+  if (d.offset == 0) return c;
+  const std::int64_t r = d.cfg.window, BH = d.B * d.H;
+  st.initialized = true;
+  st.dtype = DType::f16;
+  st.batch = d.B;
+  st.heads = d.H;
+  st.offset = d.offset;
+  st.q_end = d.q_end;
+  st.tokens_seen = d.tokens_seen;
+  st.fp16_key_bytes = d.fp16_k;
+  st.fp16_value_bytes = d.fp16_v;
+  const int mb = meta_bytes(d.cfg.metadata);
+  for (int side = 0; side < 2; ++side) {
+    const DevSide& ds = side == 0 ? d.k : d.v;
+    detail::Side& s = side == 0 ? st.k : st.v;
+    s.head_dim = ds.D;
+    s.bits = ds.bits;
+    const std::int64_t n_chunks = d.q_end / r;
+    std::vector<unsigned char> codes(static_cast<std::size_t>(ds.slot_codes)), lo(static_cast<std::size_t>(ds.slot_meta)),
+        sc(lo.size());
+    for (std::int64_t ci = 0; ci < n_chunks; ++ci) {
+      copy_to_host(codes.data(), ds.codes + ci * ds.slot_codes, codes.size());
+      copy_to_host(lo.data(), ds.lo + ci * ds.slot_meta, lo.size());
+      copy_to_host(sc.data(), ds.scale + ci * ds.slot_meta, sc.size());
+      detail::PackedChunk ch;
+      const std::int64_t first = ci == 0 ? d.cfg.n_sink : 0;
+      ch.n_rows = r - first;
+      const std::int64_t mrow = ds.G * mb;
+      for (std::int64_t bh = 0; bh < BH; ++bh) {
+        const auto* cb = codes.data() + (bh * r + first) * ds.row_bytes;
+        ch.codes.insert(ch.codes.end(), cb, cb + ch.n_rows * ds.row_bytes);
+        const auto* lb = lo.data() + (bh * r + first) * mrow;
+        ch.lo.insert(ch.lo.end(), lb, lb + ch.n_rows * mrow);
+        const auto* sb = sc.data() + (bh * r + first) * mrow;
+        ch.scale.insert(ch.scale.end(), sb, sb + ch.n_rows * mrow);
+      }
+      s.chunks.push_back(std::move(ch));
+    }
+    const std::int64_t sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
+    if (sinks > 0) {
+      s.sinks.resize(static_cast<std::size_t>(BH * sinks * ds.D * 2));
+      copy_to_host(s.sinks.data(), ds.sinks, s.sinks.size());
+    }
+    s.tail.resize(static_cast<std::size_t>(BH * r * ds.D * 2));
+    copy_to_host(s.tail.data(), ds.tail, s.tail.size());
+    if (ds.perm && d.q_end > 0) {
+      s.perm.resize(static_cast<std::size_t>(d.H * ds.D));
+      copy_to_host(s.perm.data(), ds.perm, s.perm.size() * 4);
+      s.inv.resize(s.perm.size());
+      for (std::int64_t h = 0; h < d.H; ++h)
+        for (int j = 0; j < ds.D; ++j) s.inv[static_cast<std::size_t>(h * ds.D + s.perm[static_cast<std::size_t>(h * ds.D + j)])] = j;
+    }
+  }
+  return c;
+}
+
+void attend_dense_fp16(const float* q, const void* k, const void* v, float* out, std::int64_t batch,
+                       std::int64_t num_q_heads, std::int64_t num_kv_heads, std::int64_t sq, std::int64_t kv_len,
+                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits) {
+  if (head_dim != 128 || v_head_dim != 128) throw Error("skvq: cuda attend_dense_fp16 supports head_dim 128 only");
+  if (num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 || sq < 1 || sq > kv_len) {
+    throw Error("skvq: cuda attend_dense_fp16: inconsistent shapes");
+  }
+  AttnParams p;
+  p.q = q;
+  p.dense_k = static_cast<const __half*>(k);
+  p.dense_v = static_cast<const __half*>(v);
+  p.B = static_cast<int>(batch);
+  p.Hq = static_cast<int>(num_q_heads);
+  p.Hkv = static_cast<int>(num_kv_heads);
+  p.Sq = static_cast<int>(sq);
+  p.D = static_cast<int>(head_dim);
+  p.group = 128;
+  p.kv_len = kv_len;
+  p.q_end = 0;
+  p.sinks = 0;
+  p.window = 1;
+  p.scale = scale;
+  run_attention(p, true, num_splits, out, 0);
+}
+
+}  // namespace skvq::cuda

@@ -1,0 +1,40 @@
+// The device-resident state of one layer cache and the parameter structs of
+// the kernels that read it.
+#pragma once
+
+#include <cstdint>
+
+namespace skvq::cuda {
+
+// One side (keys or values) of the device cache.
+struct DevSide {
+  unsigned char* codes = nullptr;  // [slots][B*H][window * row_bytes]
+  unsigned char* lo = nullptr;     // [slots][B*H][window][G] meta_bytes each
+  unsigned char* scale = nullptr;  // [slots][B*H][window][G]
+  __half* sinks = nullptr;         // [B, H, n_sink, D]
+  __half* tail = nullptr;          // [B, H, window, D]
+  int* perm = nullptr;             // [H, D] (null: identity)
+  int D = 0, bits = 0, G = 0;
+  std::int64_t row_bytes = 0;      // D * bits / 8
+  std::int64_t slot_codes = 0;     // B*H*window*row_bytes
+  std::int64_t slot_meta = 0;      // B*H*window*G*meta_bytes
+};
+
+// Parameters of the split-K decode/prefill attention kernel.
+struct AttnParams {
+  const float* q = nullptr;   // [B, Hq, Sq, D] fp32
+  float* ws_m = nullptr;      // [B*Hq*Sq][splits]
+  float* ws_l = nullptr;      // [B*Hq*Sq][splits]
+  float* ws_acc = nullptr;    // [B*Hq*Sq][splits][D] in the values' permuted order
+  DevSide k, v;
+  const __half* dense_k = nullptr;  // dense mode: [B, Hkv, T, D]
+  const __half* dense_v = nullptr;
+  int B = 0, Hq = 0, Hkv = 0, Sq = 0, D = 0;
+  int group = 0, meta = 0, meta_bytes = 0, window = 0;
+  std::int64_t sinks = 0, q_end = 0, kv_len = 0;  // [0, sinks) exact, [sinks, q_end) packed, [q_end, kv_len) tail
+  float scale = 1.0f;
+  int splits = 1;
+  std::int64_t split_len = 0;  // tokens per split (multiple of 64)
+};
+
+}  // namespace skvq::cuda

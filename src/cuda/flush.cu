@@ -1,0 +1,166 @@
+// GPU flush: chunk-0 permutations and the clipped min/max group quantizer,
+// giving the same codes and metadata as ref::quantize_rows. Every float
+// operation goes through an explicitly rounded intrinsic (__fadd_rn, ...),
+// which nvcc never contracts into FMAs.
+#include "cuda/common.cuh"
+#include "cuda/kernels.cuh"
+
+namespace skvq::cuda {
+
+namespace {
+
+__device__ __forceinline__ float round_fmt(float v, int mant, int emin, float maxv) {
+  const float a = fabsf(v);
+  if (a == 0.0f) return v;
+  const int e = max(static_cast<int>((__float_as_uint(a) >> 23) & 0xffu), emin + 127);
+  const float q = __uint_as_float(static_cast<unsigned>(e - mant) << 23);
+  const float r = fminf(__fmul_rn(rintf(__fdiv_rn(a, q)), q), maxv);
+  return copysignf(r, v);
+}
+
+__device__ __forceinline__ void round_meta(int meta, float& lo, float& scale) {
+  if (meta == 0) {
+    lo = round_fmt(lo, 10, -14, 65504.0f);
+    scale = fmaxf(round_fmt(scale, 10, -14, 65504.0f), 5.9604644775390625e-08f);
+  } else if (meta == 2) {
+    lo = round_fmt(lo, 3, -6, 448.0f);
+    scale = fmaxf(round_fmt(scale, 3, -6, 448.0f), 0.001953125f);
+  }
+}
+
+__device__ __forceinline__ unsigned char e4m3_encode(float v) {
+  const unsigned char sign = signbit(v) ? 0x80 : 0x00;
+  const float a = fabsf(v);
+  if (a == 0.0f) return sign;
+  const int e = static_cast<int>((__float_as_uint(a) >> 23) & 0xffu) - 127;
+  if (e < -6) return sign | static_cast<unsigned char>(a * 512.0f);
+  const int m = static_cast<int>(ldexpf(a, -e) * 8.0f) - 8;
+  return sign | static_cast<unsigned char>(((e + 7) << 3) | m);
+}
+
+__device__ __forceinline__ void store_meta(unsigned char* p, int meta, float v) {
+  if (meta == 0) *reinterpret_cast<__half*>(p) = __float2half_rn(v);
+  else if (meta == 1) *reinterpret_cast<float*>(p) = v;
+  else *p = e4m3_encode(v);
+}
+
+__device__ __forceinline__ float code_of(float x, float lo, float scale, float levels) {
+  return fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, lo), scale)), 0.0f), levels);
+}
+
+__global__ void perm_kernel(const FlushParams f, DevSide s) {
+  extern __shared__ float rg[];
+  const int h = blockIdx.x, D = s.D;
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    float mn = INFINITY, mx = -INFINITY;
+    for (int b = 0; b < f.B; ++b)
+      for (int t = 0; t < f.window; ++t) {
+        const float x = __half2float(f.src[((static_cast<std::int64_t>(b) * f.H + h) * f.src_tokens + f.first + t) * D + c]);
+        mn = fminf(mn, x);
+        mx = fmaxf(mx, x);
+      }
+    rg[c] = __fsub_rn(mx, mn);
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < D; c += blockDim.x) {
+    const float r = rg[c];
+    int rank = 0;
+    for (int c2 = 0; c2 < D; ++c2) {  // stable ascending, NaN last
+      const float r2 = rg[c2];
+      const bool tie = (r2 == r) || (isnan(r2) && isnan(r));
+      rank += (!isnan(r2) && (isnan(r) || r2 < r)) || (tie && c2 < c);
+    }
+    s.perm[h * D + rank] = c;
+  }
+}
+
+// Block: one (chunk, b*H + h, block of rows); thread: one (row, group).
+__global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block) {
+  extern __shared__ __half rows[];  // [rows_per_block][D]
+  const int D = s.D, G = s.G, g = f.group, bits = s.bits;
+  const int blocks_per_chunk_head = (f.window + rows_per_block - 1) / rows_per_block;
+  const std::int64_t bid = blockIdx.x;
+  const int rb = static_cast<int>(bid % blocks_per_chunk_head);
+  const std::int64_t bh = (bid / blocks_per_chunk_head) % (static_cast<std::int64_t>(f.B) * f.H);
+  const int c = static_cast<int>(bid / (blocks_per_chunk_head * static_cast<std::int64_t>(f.B) * f.H));
+  const int h = static_cast<int>(bh % f.H);
+  const int t0 = rb * rows_per_block, nr = min(rows_per_block, f.window - t0);
+  const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
+  for (int e = threadIdx.x; e < nr * D; e += blockDim.x) rows[e] = src[e];
+  __syncthreads();
+  const int rl = threadIdx.x / G, k = threadIdx.x % G;
+  if (rl >= nr) return;
+  const int t = t0 + rl;
+  const std::int64_t slot = f.slot0 + c;
+  if (slot == 0 && t < f.n_sink) return;  // sinks stay exact
+  const int* perm = s.perm ? s.perm + h * D : nullptr;
+  const __half* row = rows + rl * D;
+  auto xs = [&](int sl) {
+    const int j = min(k * g + sl, D - 1);
+    return __half2float(row[perm ? perm[j] : j]);
+  };
+  const float levels = static_cast<float>((1 << bits) - 1);
+  const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
+  float gmin = xs(0), gmax = gmin;
+  for (int sl = 1; sl < g; ++sl) {
+    const float x = xs(sl);
+    gmin = fminf(gmin, x);
+    gmax = fmaxf(gmax, x);
+  }
+  const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
+  const float rng = __fsub_rn(gmax, gmin);
+  float best_err = 0.0f, best_lo = 0.0f, best_scale = 0.0f;
+  for (int a = 0; a < f.n_grid; ++a) {
+    const float tt = __fmul_rn(f.grid[a], rng);
+    float lo = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
+    float scale = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
+    round_meta(f.meta, lo, scale);
+    float err = 0.0f;
+    for (int sl = 0; sl < g; ++sl) {
+      const float x = xs(sl);
+      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo, scale, levels), scale), lo), x);
+      err = __fadd_rn(err, __fmul_rn(d, d));
+    }
+    err = __fmul_rn(err, inv_g);
+    if (a == 0 || err < best_err) {
+      best_err = err;
+      best_lo = lo;
+      best_scale = scale;
+    }
+  }
+  // Codes of this group's real channels: whole bytes (g and D are multiples of 16).
+  const int j0 = k * g, j1 = min(D, j0 + g);
+  unsigned char* out = s.codes + slot * s.slot_codes + (bh * f.window + t) * s.row_bytes + j0 * bits / 8;
+  unsigned acc = 0;
+  int nbits = 0;
+  for (int j = j0; j < j1; ++j) {
+    acc |= static_cast<unsigned>(code_of(xs(j - j0), best_lo, best_scale, levels)) << nbits;
+    nbits += bits;
+    while (nbits >= 8) {
+      *out++ = static_cast<unsigned char>(acc & 0xffu);
+      acc >>= 8;
+      nbits -= 8;
+    }
+  }
+  const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
+  store_meta(s.lo + mo, f.meta, best_lo);
+  store_meta(s.scale + mo, f.meta, best_scale);
+}
+
+}  // namespace
+
+void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
+  perm_kernel<<<f.H, 128, side.D * sizeof(float), stream>>>(f, side);
+  SKVQ_CUDA_LAUNCH_CHECK();
+}
+
+void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
+  const int rows_per_block = std::max(1, 128 / side.G);
+  const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H *
+                              ((f.window + rows_per_block - 1) / rows_per_block);
+  const std::size_t smem = static_cast<std::size_t>(rows_per_block) * side.D * sizeof(__half);
+  quant_kernel<<<static_cast<unsigned>(blocks), rows_per_block * side.G, smem, stream>>>(f, side, rows_per_block);
+  SKVQ_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace skvq::cuda

@@ -1,0 +1,32 @@
+// Launchers of the CUDA kernels (called by the host-side device cache).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/device_state.cuh"
+
+namespace skvq::cuda {
+
+// Split-K attention + combine; out [B, Hq, Sq, D] fp32 (device).
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
+int choose_splits(const AttnParams& p, int requested);
+
+// Flush parameters: n_chunks whole windows of fp16 rows read from `src`
+// ([B, H, src_tokens, D], token t of the window c at row first + c * window + t).
+struct FlushParams {
+  const __half* src = nullptr;
+  std::int64_t src_tokens = 0, first = 0;
+  int n_chunks = 0;
+  std::int64_t slot0 = 0;  // slot of the first chunk (= its chunk index)
+  int B = 0, H = 0, window = 0, n_sink = 0;
+  int group = 0, meta = 0, meta_bytes = 0;
+  const float* grid = nullptr;  // device [n_grid]
+  int n_grid = 0;
+};
+
+// Permutations from chunk 0's rows (all `window` rows, sinks included).
+void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream);
+// Quantize and pack the chunks' rows (sink rows of chunk 0 skipped) into their slots.
+void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream);
+
+}  // namespace skvq::cuda
