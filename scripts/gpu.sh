@@ -17,7 +17,8 @@ else
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 echo "== GPU tests"
-"$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' 2>&1 | tail -n 4 | tee "$out/tests.txt"
+"$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
+grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
 echo "== compute-sanitizer memcheck"
 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 3 | tee "$out/memcheck.txt"
 echo "== benchmarks"

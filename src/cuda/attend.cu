@@ -23,7 +23,7 @@ constexpr int kLanes = 8;    // lanes per token: D = 128
 constexpr int kD = kCPL * kLanes;
 constexpr int kThreads = 128;
 constexpr int kGroups = kThreads / kLanes;  // 16 tokens in flight per block
-constexpr int kTile = 4;                    // tokens per group per step
+constexpr int kTile = 4;                    // tokens per group per step (2 when NQ = 4: registers)
 
 template <int BITS>
 struct LaneCodes {
@@ -43,13 +43,23 @@ struct LaneCodes {
       w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
     }
   }
-  // Code i as float: the exponent trick (2^23 + c) - 2^23, exact for c < 2^23.
-  __device__ __forceinline__ float code(int i) const {
-    const int bit = i * BITS;
-    const unsigned c = (w[bit / 32] >> (bit % 32)) & ((1u << BITS) - 1u);
-    return __uint_as_float(c | 0x4B000000u) - 8388608.0f;
+  // 1 + code_i / 2^BITS: the code moved into the top of a float's mantissa
+  // (one shift and one LOP3). Sums of these are decoded as
+  // sum(q c) = (sum(q f) - sum(q)) * 2^BITS.
+  __device__ __forceinline__ float frac(int i) const {
+    constexpr int kTop = 23 - BITS;
+    const int bit = i * BITS, pos = bit % 32;
+    const unsigned word = w[bit / 32];
+    const unsigned moved = pos >= kTop ? word >> (pos - kTop) : word << (kTop - pos);
+    return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | 0x3F800000u);
   }
 };
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // 16 fp16 channels of an exact row, in `perm` order when given.
 __device__ __forceinline__ void load_exact(const __half* row, const int* perm, int lane, float* x) {
@@ -89,8 +99,9 @@ __device__ __forceinline__ Where locate(const AttnParams& p, std::int64_t bh, st
     w.vrow = p.v.sinks + (bh * p.sinks + t) * kD;
   } else if (t < p.q_end) {
     w.kind = 1;
-    w.slot = t / p.window;
-    w.row = t % p.window;
+    // t / window by a multiply-shift (exact for t < 2^32): no 64-bit division
+    w.slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
+    w.row = t - w.slot * p.window;
   } else {
     w.kind = 0;
     w.krow = p.k.tail + (bh * p.window + (t - p.q_end)) * kD;
@@ -101,6 +112,7 @@ __device__ __forceinline__ Where locate(const AttnParams& p, std::int64_t bh, st
 
 template <int KB, int VB, int NQ, bool DENSE>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int row0) {
+  constexpr int kTileN = NQ >= 4 ? 2 : kTile;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
@@ -121,14 +133,16 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
 #pragma unroll
     for (int c = 0; c < kCPL; ++c) {
       const int j = lane * kCPL + c;
-      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * p.scale : 0.0f;
+      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
       qs[n] += q[n][c];
     }
   }
-  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ];
+  // acc holds sum(w f) for the values' frac codes, wsum = sum(w), lacc = sum(p lo):
+  // the output is (acc - wsum) * 2^VB + lacc (exact rows enter acc scaled by 2^-VB).
+  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
 #pragma unroll
   for (int n = 0; n < NQ; ++n) {
-    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f;
+    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
 #pragma unroll
     for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
   }
@@ -137,11 +151,11 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
 
-  for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTile) {
-    float s[kTile][NQ];
-    Where where[kTile];
+  for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTileN) {
+    float s[kTileN][NQ];
+    Where where[kTileN];
 #pragma unroll
-    for (int u = 0; u < kTile; ++u) {
+    for (int u = 0; u < kTileN; ++u) {
       const std::int64_t t = base + u * kGroups + grp;
       const bool in = t < t_end;
       where[u] = locate<DENSE>(p, bh, in ? t : t_begin);
@@ -156,8 +170,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
         for (int n = 0; n < NQ; ++n) {
           float d = 0.0f;
 #pragma unroll
-          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.code(c), d);
-          part[n] = fmaf(ks, d, kl * qs[n]);
+          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
+          part[n] = fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
         }
       } else {
         float x[kCPL];
@@ -179,23 +193,23 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
         s[u][n] = (in && t <= limit[n]) ? v : -INFINITY;
       }
     }
-    float pw[kTile][NQ];
+    float pw[kTileN][NQ];
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
       float mt = s[0][n];
 #pragma unroll
-      for (int u = 1; u < kTile; ++u) mt = fmaxf(mt, s[u][n]);
+      for (int u = 1; u < kTileN; ++u) mt = fmaxf(mt, s[u][n]);
       const float mnew = fmaxf(m[n], mt);
       if (mnew == -INFINITY) {
 #pragma unroll
-        for (int u = 0; u < kTile; ++u) pw[u][n] = 0.0f;
+        for (int u = 0; u < kTileN; ++u) pw[u][n] = 0.0f;
         continue;
       }
-      const float corr = __expf(m[n] - mnew);
+      const float corr = fast_exp2(m[n] - mnew);
       float sum = 0.0f;
 #pragma unroll
-      for (int u = 0; u < kTile; ++u) {
-        pw[u][n] = __expf(s[u][n] - mnew);
+      for (int u = 0; u < kTileN; ++u) {
+        pw[u][n] = fast_exp2(s[u][n] - mnew);
         sum += pw[u][n];
       }
       l[n] = l[n] * corr + sum;
@@ -203,11 +217,12 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
 #pragma unroll
         for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
         lacc[n] *= corr;
+        wsum[n] *= corr;
       }
       m[n] = mnew;
     }
 #pragma unroll
-    for (int u = 0; u < kTile; ++u) {
+    for (int u = 0; u < kTileN; ++u) {
       if (!DENSE && where[u].kind == 1) {
         LaneCodes<VB> vc;
         const std::int64_t rowi = bh * p.window + where[u].row;
@@ -218,7 +233,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
         for (int n = 0; n < NQ; ++n) {
           const float w = pw[u][n] * vs;
 #pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.code(c), acc[n][c]);
+          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
+          wsum[n] += w;
           lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
         }
       } else {
@@ -226,8 +242,9 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
         load_exact(where[u].vrow, vperm, lane, x);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
+          const float w = pw[u][n] * (1.0f / static_cast<float>(1 << VB));
 #pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(pw[u][n], x[c], acc[n][c]);
+          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, x[c], acc[n][c]);
         }
       }
     }
@@ -240,7 +257,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   for (int n = 0; n < NQ; ++n) {
     if (lane == 0) sm_m[grp][n] = m[n], sm_l[grp][n] = l[n];
 #pragma unroll
-    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = acc[n][c] + lacc[n];
+    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = (acc[n][c] - wsum[n]) * static_cast<float>(1 << VB) + lacc[n];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
@@ -252,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
     float L = 0.0f, A = 0.0f;
     if (M != -INFINITY) {
       for (int g = 0; g < kGroups; ++g) {
-        const float w = __expf(sm_m[g][n] - M);
+        const float w = fast_exp2(sm_m[g][n] - M);
         L += sm_l[g][n] * w;
         A += sm_acc[g][n][j] * w;
       }
@@ -277,7 +294,7 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   for (int s = 0; s < p.splits; ++s) {
     const float ms = p.ws_m[qrow * p.splits + s];
     if (ms == -INFINITY) continue;
-    const float w = __expf(ms - M);
+    const float w = fast_exp2(ms - M);
     L += p.ws_l[qrow * p.splits + s] * w;
     A += p.ws_acc[(qrow * p.splits + s) * kD + j] * w;
   }
@@ -322,6 +339,12 @@ int choose_splits(const AttnParams& p, int requested) {
 
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
+  if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
+    int sh = 0;
+    while ((1LL << sh) < p.window) ++sh;
+    p.div_shift = 32 + sh;
+    p.div_magic = static_cast<unsigned long long>((((__uint128_t)1 << p.div_shift) + p.window - 1) / p.window);
+  }
   p.splits = choose_splits(p, requested_splits);
   p.split_len = (p.kv_len + p.splits - 1) / p.splits;
   p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);

@@ -241,7 +241,7 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
   p.q_end = d.q_end;
   p.kv_len = d.offset;
   p.scale = scale;
-  if (!d.cfg.reorder) p.k.perm = p.v.perm = nullptr;
+  if (!d.cfg.reorder || d.q_end == 0) p.k.perm = p.v.perm = nullptr;  // no permutation before the first flush
   run_attention(p, false, num_splits, out, 0);
 }
 

@@ -33,6 +33,8 @@ struct AttnParams {
   int group = 0, meta = 0, meta_bytes = 0, window = 0;
   std::int64_t sinks = 0, q_end = 0, kv_len = 0;  // [0, sinks) exact, [sinks, q_end) packed, [q_end, kv_len) tail
   float scale = 1.0f;
+  unsigned long long div_magic = 1;  // t / window == (t * div_magic) >> div_shift
+  int div_shift = 32;
   int splits = 1;
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
 };

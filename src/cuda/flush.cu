@@ -14,7 +14,8 @@ __device__ __forceinline__ float round_fmt(float v, int mant, int emin, float ma
   if (a == 0.0f) return v;
   const int e = max(static_cast<int>((__float_as_uint(a) >> 23) & 0xffu), emin + 127);
   const float q = __uint_as_float(static_cast<unsigned>(e - mant) << 23);
-  const float r = fminf(__fmul_rn(rintf(__fdiv_rn(a, q)), q), maxv);
+  const float inv_q = __uint_as_float(static_cast<unsigned>(254 - (e - mant)) << 23);  // 1/q, exact
+  const float r = fminf(__fmul_rn(rintf(__fmul_rn(a, inv_q)), q), maxv);
   return copysignf(r, v);
 }
 
@@ -44,8 +45,15 @@ __device__ __forceinline__ void store_meta(unsigned char* p, int meta, float v) 
   else *p = e4m3_encode(v);
 }
 
-__device__ __forceinline__ float code_of(float x, float lo, float scale, float levels) {
-  return fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, lo), scale)), 0.0f), levels);
+// clamp(rint((x - lo) / scale), 0, levels) with the correctly rounded
+// quotient: the product with the reciprocal is within 2 ulp of it, so its
+// rint can differ only next to a half-integer; there the exact division decides.
+__device__ __forceinline__ float code_of(float x, float lo, float scale, float inv_scale, float levels) {
+  const float num = __fsub_rn(x, lo);
+  float q = __fmul_rn(num, inv_scale);
+  const float frac = q - floorf(q);
+  if (fabsf(frac - 0.5f) <= 1e-6f * fabsf(q) + 1e-30f || !(fabsf(q) < 8388608.0f)) q = __fdiv_rn(num, scale);
+  return fminf(fmaxf(rintf(q), 0.0f), levels);
 }
 
 __global__ void perm_kernel(const FlushParams f, DevSide s) {
@@ -74,10 +82,12 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
   }
 }
 
-// Block: one (chunk, b*H + h, block of rows); thread: one (row, group).
+// Block: one (chunk, b*H + h, block of rows); thread: one (row, group). The
+// block stages its rows in shared memory already permuted and padded, as
+// float, with an odd row stride so that the threads' reads fall in distinct banks.
 __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block) {
-  extern __shared__ __half rows[];  // [rows_per_block][D]
-  const int D = s.D, G = s.G, g = f.group, bits = s.bits;
+  extern __shared__ float rows[];  // [rows_per_block][P + 1]
+  const int D = s.D, G = s.G, g = f.group, bits = s.bits, P = G * g, stride = P + 1;
   const int blocks_per_chunk_head = (f.window + rows_per_block - 1) / rows_per_block;
   const std::int64_t bid = blockIdx.x;
   const int rb = static_cast<int>(bid % blocks_per_chunk_head);
@@ -86,26 +96,24 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
   const int h = static_cast<int>(bh % f.H);
   const int t0 = rb * rows_per_block, nr = min(rows_per_block, f.window - t0);
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
-  for (int e = threadIdx.x; e < nr * D; e += blockDim.x) rows[e] = src[e];
+  const int* perm = s.perm ? s.perm + h * D : nullptr;
+  for (int e = threadIdx.x; e < nr * P; e += blockDim.x) {
+    const int r = e / P, j = min(e % P, D - 1);  // padding repeats the last permuted value
+    rows[r * stride + e % P] = __half2float(src[static_cast<std::int64_t>(r) * D + (perm ? perm[j] : j)]);
+  }
   __syncthreads();
   const int rl = threadIdx.x / G, k = threadIdx.x % G;
   if (rl >= nr) return;
   const int t = t0 + rl;
   const std::int64_t slot = f.slot0 + c;
   if (slot == 0 && t < f.n_sink) return;  // sinks stay exact
-  const int* perm = s.perm ? s.perm + h * D : nullptr;
-  const __half* row = rows + rl * D;
-  auto xs = [&](int sl) {
-    const int j = min(k * g + sl, D - 1);
-    return __half2float(row[perm ? perm[j] : j]);
-  };
+  const float* xs = rows + rl * stride + k * g;
   const float levels = static_cast<float>((1 << bits) - 1);
   const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
-  float gmin = xs(0), gmax = gmin;
+  float gmin = xs[0], gmax = gmin;
   for (int sl = 1; sl < g; ++sl) {
-    const float x = xs(sl);
-    gmin = fminf(gmin, x);
-    gmax = fmaxf(gmax, x);
+    gmin = fminf(gmin, xs[sl]);
+    gmax = fmaxf(gmax, xs[sl]);
   }
   const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
   const float rng = __fsub_rn(gmax, gmin);
@@ -115,10 +123,11 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
     float lo = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
     float scale = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
     round_meta(f.meta, lo, scale);
+    const float inv_scale = __frcp_rn(scale);
     float err = 0.0f;
     for (int sl = 0; sl < g; ++sl) {
-      const float x = xs(sl);
-      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo, scale, levels), scale), lo), x);
+      const float x = xs[sl];
+      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo, scale, inv_scale, levels), scale), lo), x);
       err = __fadd_rn(err, __fmul_rn(d, d));
     }
     err = __fmul_rn(err, inv_g);
@@ -129,12 +138,13 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
     }
   }
   // Codes of this group's real channels: whole bytes (g and D are multiples of 16).
+  const float best_inv = __frcp_rn(best_scale);
   const int j0 = k * g, j1 = min(D, j0 + g);
   unsigned char* out = s.codes + slot * s.slot_codes + (bh * f.window + t) * s.row_bytes + j0 * bits / 8;
   unsigned acc = 0;
   int nbits = 0;
   for (int j = j0; j < j1; ++j) {
-    acc |= static_cast<unsigned>(code_of(xs(j - j0), best_lo, best_scale, levels)) << nbits;
+    acc |= static_cast<unsigned>(code_of(xs[j - j0], best_lo, best_scale, best_inv, levels)) << nbits;
     nbits += bits;
     while (nbits >= 8) {
       *out++ = static_cast<unsigned char>(acc & 0xffu);
@@ -155,10 +165,14 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
 }
 
 void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
-  const int rows_per_block = std::max(1, 128 / side.G);
+  const int P = side.G * f.group;
+  const int rows_per_block = std::max(1, std::min(f.window, 64 / side.G));
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H *
                               ((f.window + rows_per_block - 1) / rows_per_block);
-  const std::size_t smem = static_cast<std::size_t>(rows_per_block) * side.D * sizeof(__half);
+  const std::size_t smem = static_cast<std::size_t>(rows_per_block) * (P + 1) * sizeof(float);
+  if (smem > 48 * 1024) {
+    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(quant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
   quant_kernel<<<static_cast<unsigned>(blocks), rows_per_block * side.G, smem, stream>>>(f, side, rows_per_block);
   SKVQ_CUDA_LAUNCH_CHECK();
 }
