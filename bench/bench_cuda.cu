@@ -240,7 +240,30 @@ void scale_test(std::int64_t tokens) {
 
 }  // namespace
 
+// One packed decode step on one shape (for a profiler): --one B Hkv T
+void one(int B, int Hkv, std::int64_t T) {
+  const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
+  __half *k, *v;
+  float *q, *out;
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
+  CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
+  random_half(k, n, 1);
+  random_half(v, n, 2);
+  fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
+  cuda::DeviceCache c(make_config(kSettings[0]), B, Hkv, 128, T);
+  c.append_device(k, v, T);
+  for (int i = 0; i < 3; ++i) c.attend_device(q, 32, 1, 0.088f, out);
+  cuda::attend_dense_fp16(q, k, v, out, B, 32, Hkv, 1, T, 128, 128, 0.088f);
+  CHECK(cudaDeviceSynchronize());
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--one") == 0) {
+    one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]));
+    return 0;
+  }
   bool quick = false, scale = true;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;

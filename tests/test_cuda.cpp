@@ -41,6 +41,8 @@ std::vector<Case> cases() {
       {gpu_config(32, 0, 64, 8, 8, MetaType::fp32), 2, 1, 97, {97}},
       {gpu_config(64, 63, 128, 4, 2, MetaType::fp16, false), 1, 2, 200, {64, 136}},
       {gpu_config(16, 2, 16, 1, 1, MetaType::fp16), 1, 2, 50, {3, 47}},
+      {gpu_config(128, 100, 32, 8, 4, MetaType::fp8_e4m3), 2, 2, 600, {300, 1, 299}},
+      {gpu_config(64, 5, 16, 1, 1, MetaType::fp32), 1, 3, 333, {333}},
   };
 }
 

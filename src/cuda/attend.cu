@@ -43,6 +43,19 @@ struct LaneCodes {
       w[0] = __ldg(reinterpret_cast<const unsigned short*>(p));
     }
   }
+  __device__ __forceinline__ void load_shared(const unsigned char* p) {
+    if constexpr (kBytes == 16) {
+      const uint4 v = *reinterpret_cast<const uint4*>(p);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else if constexpr (kBytes == 8) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x, w[1] = v.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const unsigned*>(p);
+    } else {
+      w[0] = *reinterpret_cast<const unsigned short*>(p);
+    }
+  }
   // 1 + code_i / 2^BITS: the code moved into the top of a float's mantissa
   // (one shift and one LOP3). Sums of these are decoded as
   // sum(q c) = (sum(q f) - sum(q)) * 2^BITS.
@@ -110,6 +123,47 @@ __device__ __forceinline__ Where locate(const AttnParams& p, std::int64_t bh, st
   return w;
 }
 
+// Merges the block's 16 groups (each its own max, sum, accumulators) in
+// shared memory and writes one partial (max, sum, acc in the values' permuted
+// order) per query row to the workspace.
+template <int NQ, int VB>
+__device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int out_split, int b, int h, int lane, int grp,
+                                              const float (&m)[NQ], const float (&l)[NQ], const float (&acc)[NQ][kCPL],
+                                              const float (&lacc)[NQ], const float (&wsum)[NQ]) {
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
+  __shared__ float sm_acc[kGroups][NQ][kD];
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) {
+    if (lane == 0) sm_m[grp][n] = m[n], sm_l[grp][n] = l[n];
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = (acc[n][c] - wsum[n]) * static_cast<float>(1 << VB) + lacc[n];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
+    const int n = e / kD, j = e % kD;
+    const int row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int g = 0; g < kGroups; ++g) M = fmaxf(M, sm_m[g][n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int g = 0; g < kGroups; ++g) {
+        const float w = fast_exp2(sm_m[g][n] - M);
+        L += sm_l[g][n] * w;
+        A += sm_acc[g][n][j] * w;
+      }
+    }
+    const int gq = row / p.Sq, i = row % p.Sq;
+    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
+    if (j == 0) {
+      p.ws_m[qrow * p.splits + out_split] = M;
+      p.ws_l[qrow * p.splits + out_split] = L;
+    }
+    p.ws_acc[(qrow * p.splits + out_split) * kD + j] = A;
+  }
+}
+
 template <int KB, int VB, int NQ, bool DENSE>
 __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int row0) {
   constexpr int kTileN = NQ >= 4 ? 2 : kTile;
@@ -148,8 +202,9 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   }
   const int G_k = p.k.G, G_v = p.v.G, mb = p.meta_bytes;
   const int kgrp = (lane * kCPL) / p.group, vgrp = kgrp;  // one metadata group per lane
-  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
-  const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
+  const std::int64_t t_begin = p.n_ranges ? p.range_begin[split] : static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t t_end = p.n_ranges ? p.range_end[split] : min(p.kv_len, t_begin + p.split_len);
+  const int out_split = p.n_ranges ? p.split_base + split : split;
 
   for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTileN) {
     float s[kTileN][NQ];
@@ -250,38 +305,180 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
     }
   }
 
-  // Merge the 16 groups of the block.
-  __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
-  __shared__ float sm_acc[kGroups][NQ][kD];
+  write_partial<NQ, VB>(p, row0, out_split, b, h, lane, grp, m, l, acc, lacc, wsum);
+}
+
+// ---- pipelined kernel for the packed body (window a multiple of 64) ----
+//
+// The block stages 64-token tiles of packed codes and metadata in shared
+// memory with 16-byte cp.async copies, kStages deep, so that many bytes are
+// in flight while the groups compute on an earlier tile from shared memory.
+// Tokens below `sinks` (chunk 0's exact rows) are masked here; the general
+// kernel covers them and the tail.
+constexpr int kFastTile = 64;
+constexpr int kStages = 3;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
+
+__device__ __forceinline__ void copy_range(unsigned char* dst, const unsigned char* src, int bytes) {
+  for (int u = threadIdx.x; u < bytes / 16; u += kThreads) cp_async16(dst + u * 16, src + u * 16);
+}
+
+struct FastLayout {  // byte offsets inside one stage
+  int kc, vc, klo, ksc, vlo, vsc, stage;
+  __host__ __device__ FastLayout(const AttnParams& p) {
+    const auto pad = [](std::int64_t x) { return static_cast<int>((x + 15) & ~15LL); };
+    kc = 0;
+    vc = pad(kFastTile * p.k.row_bytes);
+    klo = vc + pad(kFastTile * p.v.row_bytes);
+    ksc = klo + pad(static_cast<std::int64_t>(kFastTile) * p.k.G * p.meta_bytes);
+    vlo = ksc + pad(static_cast<std::int64_t>(kFastTile) * p.k.G * p.meta_bytes);
+    vsc = vlo + pad(static_cast<std::int64_t>(kFastTile) * p.v.G * p.meta_bytes);
+    stage = vsc + pad(static_cast<std::int64_t>(kFastTile) * p.v.G * p.meta_bytes);
+  }
+};
+
+template <int KB, int VB, int NQ>
+__global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  constexpr int kSub = NQ >= 4 ? 2 : kTile;  // tokens per group per softmax step (registers)
+  const FastLayout lay(p);
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq, mb = p.meta_bytes;
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
+
+  float q[NQ][kCPL], qs[NQ];
+  std::int64_t limit[NQ];
 #pragma unroll
   for (int n = 0; n < NQ; ++n) {
-    if (lane == 0) sm_m[grp][n] = m[n], sm_l[grp][n] = l[n];
-#pragma unroll
-    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = (acc[n][c] - wsum[n]) * static_cast<float>(1 << VB) + lacc[n];
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
-    const int n = e / kD, j = e % kD;
     const int row = row0 + n;
-    if (row >= n_rows) continue;
-    float M = -INFINITY;
-    for (int g = 0; g < kGroups; ++g) M = fmaxf(M, sm_m[g][n]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int g = 0; g < kGroups; ++g) {
-        const float w = fast_exp2(sm_m[g][n] - M);
-        L += sm_l[g][n] * w;
-        A += sm_acc[g][n][j] * w;
+    const bool valid = row < n_rows;
+    const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
+    const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
+    limit[n] = valid ? p.kv_len - p.Sq + i : -1;
+    qs[n] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) {
+      const int j = lane * kCPL + c;
+      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;
+      qs[n] += q[n][c];
+    }
+  }
+  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) {
+    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
+  }
+  const int kgrp = (lane * kCPL) / p.group;
+  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
+  const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
+
+  auto issue = [&](int tile) {
+    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
+    const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
+    const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
+    unsigned char* st = ring + (tile % kStages) * lay.stage;
+    copy_range(st + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
+    copy_range(st + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
+    const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
+    copy_range(st + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
+    copy_range(st + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
+    copy_range(st + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
+    copy_range(st + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
+    cp_async_commit();
+  }
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait_stages();
+    __syncthreads();
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    const unsigned char* st = ring + (tile % kStages) * lay.stage;
+    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
+#pragma unroll
+    for (int u0 = 0; u0 < kTile; u0 += kSub) {
+      float s[kSub][NQ];
+#pragma unroll
+      for (int u = 0; u < kSub; ++u) {
+        const int local = (u0 + u) * kGroups + grp;
+        const std::int64_t t = t0 + local;
+        LaneCodes<KB> kc;
+        kc.load_shared(st + lay.kc + local * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
+        const int mo = (local * p.k.G + kgrp) * mb;
+        const float ks = load_meta(st + lay.ksc + mo, p.meta), kl = load_meta(st + lay.klo + mo, p.meta);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          float d = 0.0f;
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
+          float v = fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
+          v += __shfl_xor_sync(0xffffffffu, v, 1);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          s[u][n] = (t >= p.sinks && t <= limit[n]) ? v : -INFINITY;
+        }
+      }
+      float pw[kSub][NQ];
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        float mt = s[0][n];
+#pragma unroll
+        for (int u = 1; u < kSub; ++u) mt = fmaxf(mt, s[u][n]);
+        const float mnew = fmaxf(m[n], mt);
+        if (mnew == -INFINITY) {
+#pragma unroll
+          for (int u = 0; u < kSub; ++u) pw[u][n] = 0.0f;
+          continue;
+        }
+        const float corr = fast_exp2(m[n] - mnew);
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) {
+          pw[u][n] = fast_exp2(s[u][n] - mnew);
+          sum += pw[u][n];
+        }
+        l[n] = l[n] * corr + sum;
+        if (corr != 1.0f) {
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
+          lacc[n] *= corr;
+          wsum[n] *= corr;
+        }
+        m[n] = mnew;
+      }
+#pragma unroll
+      for (int u = 0; u < kSub; ++u) {
+        const int local = (u0 + u) * kGroups + grp;
+        LaneCodes<VB> vc;
+        vc.load_shared(st + lay.vc + local * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
+        const int mo = (local * p.v.G + kgrp) * mb;
+        const float vs = load_meta(st + lay.vsc + mo, p.meta), vl = load_meta(st + lay.vlo + mo, p.meta);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          const float w = pw[u][n] * vs;
+#pragma unroll
+          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
+          wsum[n] += w;
+          lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
+        }
       }
     }
-    const int gq = row / p.Sq, i = row % p.Sq;
-    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
-    if (j == 0) {
-      p.ws_m[qrow * p.splits + split] = M;
-      p.ws_l[qrow * p.splits + split] = L;
-    }
-    p.ws_acc[(qrow * p.splits + split) * kD + j] = A;
+    __syncthreads();  // the stage is refilled two tiles later
   }
+  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, m, l, acc, lacc, wsum);
 }
 
 __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
@@ -302,10 +499,30 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   out[qrow * kD + dst] = A / L;
 }
 
+template <int KB, int VB>
+void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
+  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const dim3 grid(splits, p.Hkv, p.B);
+  const int smem = kStages * FastLayout(p).stage;
+  int row = 0;
+  while (row < n_rows) {
+    const int left = n_rows - row;
+    auto go = [&](auto kernel, int nq) {
+      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      kernel<<<grid, kThreads, smem, stream>>>(p, row);
+      SKVQ_CUDA_LAUNCH_CHECK();
+      row += nq;
+    };
+    if (left >= 4) go(attn_fast_kernel<KB, VB, 4>, 4);
+    else if (left >= 2) go(attn_fast_kernel<KB, VB, 2>, 2);
+    else go(attn_fast_kernel<KB, VB, 1>, 1);
+  }
+}
+
 template <int KB, int VB, bool DENSE>
 void launch_rows(const AttnParams& p, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
-  const dim3 grid(p.splits, p.Hkv, p.B);
+  const dim3 grid(p.n_ranges ? p.n_ranges : p.splits, p.Hkv, p.B);
   int row = 0;
   while (row < n_rows) {
     const int left = n_rows - row;
@@ -345,10 +562,29 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     p.div_shift = 32 + sh;
     p.div_magic = static_cast<unsigned long long>((((__uint128_t)1 << p.div_shift) + p.window - 1) / p.window);
   }
-  p.splits = choose_splits(p, requested_splits);
-  p.split_len = (p.kv_len + p.splits - 1) / p.splits;
-  p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);
-  p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
+  // Packed body through the pipelined kernel when tiles of 64 rows fit the window;
+  // exact sinks and tail (and everything else) through the general kernel.
+  const bool fast = !dense && p.window % kFastTile == 0 && p.q_end > 0;
+  int fast_splits = 0;
+  AttnParams gen = p;
+  if (fast) {
+    AttnParams body = p;
+    body.kv_len = p.q_end;
+    fast_splits = choose_splits(body, requested_splits);
+    p.split_len = (p.q_end + fast_splits - 1) / fast_splits;
+    p.split_len = (p.split_len + kFastTile - 1) / kFastTile * kFastTile;
+    fast_splits = static_cast<int>((p.q_end + p.split_len - 1) / p.split_len);
+    gen.n_ranges = 0;
+    if (p.sinks > 0) gen.range_begin[gen.n_ranges] = 0, gen.range_end[gen.n_ranges++] = p.sinks;
+    if (p.kv_len > p.q_end) gen.range_begin[gen.n_ranges] = p.q_end, gen.range_end[gen.n_ranges++] = p.kv_len;
+    gen.split_base = fast_splits;
+    p.splits = fast_splits + gen.n_ranges;
+  } else {
+    p.splits = choose_splits(p, requested_splits);
+    p.split_len = (p.kv_len + p.splits - 1) / p.splits;
+    p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);
+    p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
+  }
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
   float* ws = nullptr;
   const std::size_t ws_bytes = static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float);
@@ -356,14 +592,20 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
   p.ws_acc = ws + 2 * rows * p.splits;
+  gen.ws_m = p.ws_m, gen.ws_l = p.ws_l, gen.ws_acc = p.ws_acc, gen.splits = p.splits;
+  if (!fast) gen = p;
   const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
+  auto both = [&](auto fast_launch, auto gen_launch) {
+    if (fast) fast_launch(p, fast_splits, stream);
+    if (!fast || gen.n_ranges > 0) gen_launch(gen, stream);
+  };
   if (dense) launch_rows<2, 2, true>(p, stream);
-  else if (kb == 2 && vb == 2) launch_rows<2, 2, false>(p, stream);
-  else if (kb == 4 && vb == 4) launch_rows<4, 4, false>(p, stream);
-  else if (kb == 8 && vb == 8) launch_rows<8, 8, false>(p, stream);
-  else if (kb == 1 && vb == 1) launch_rows<1, 1, false>(p, stream);
-  else if (kb == 4 && vb == 2) launch_rows<4, 2, false>(p, stream);
-  else if (kb == 8 && vb == 4) launch_rows<8, 4, false>(p, stream);
+  else if (kb == 2 && vb == 2) both(launch_fast_rows<2, 2>, launch_rows<2, 2, false>);
+  else if (kb == 4 && vb == 4) both(launch_fast_rows<4, 4>, launch_rows<4, 4, false>);
+  else if (kb == 8 && vb == 8) both(launch_fast_rows<8, 8>, launch_rows<8, 8, false>);
+  else if (kb == 1 && vb == 1) both(launch_fast_rows<1, 1>, launch_rows<1, 1, false>);
+  else if (kb == 4 && vb == 2) both(launch_fast_rows<4, 2>, launch_rows<4, 2, false>);
+  else if (kb == 8 && vb == 4) both(launch_fast_rows<8, 4>, launch_rows<8, 4, false>);
   else {
     cudaFreeAsync(ws, stream);
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +

@@ -75,6 +75,10 @@ struct DeviceCacheImpl {
     s.codes = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_codes)));
     s.lo = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
     s.scale = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
+    // Zeroed: slot 0's unused sink rows are read (and masked) by the tiled kernel.
+    SKVQ_CUDA_CHECK(cudaMemset(s.codes, 0, static_cast<std::size_t>(slots * s.slot_codes)));
+    SKVQ_CUDA_CHECK(cudaMemset(s.lo, 0, static_cast<std::size_t>(slots * s.slot_meta)));
+    SKVQ_CUDA_CHECK(cudaMemset(s.scale, 0, static_cast<std::size_t>(slots * s.slot_meta)));
     s.tail = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * cfg.window * D) * 2));
     s.sinks = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
     s.perm = cfg.reorder ? static_cast<int*>(alloc(static_cast<std::size_t>(H * D) * 4)) : nullptr;

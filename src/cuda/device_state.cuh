@@ -35,8 +35,12 @@ struct AttnParams {
   float scale = 1.0f;
   unsigned long long div_magic = 1;  // t / window == (t * div_magic) >> div_shift
   int div_shift = 32;
-  int splits = 1;
+  int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
+  // Explicit token ranges for the general kernel (n_ranges > 0): block x takes
+  // [range_begin[x], range_end[x]) and writes partial split_base + x.
+  int n_ranges = 0, split_base = 0;
+  std::int64_t range_begin[2] = {0, 0}, range_end[2] = {0, 0};
 };
 
 }  // namespace skvq::cuda
