@@ -343,7 +343,7 @@ struct FastLayout {  // byte offsets inside one stage
   }
 };
 
-template <int KB, int VB, int NQ>
+template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int kSub = NQ >= 4 ? 2 : kTile;  // tokens per group per softmax step (registers)
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
         LaneCodes<KB> kc;
         kc.load_shared(st + lay.kc + local * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
         const int mo = (local * p.k.G + kgrp) * mb;
-        const float ks = load_meta(st + lay.ksc + mo, p.meta), kl = load_meta(st + lay.klo + mo, p.meta);
+        const float ks = load_meta(st + lay.ksc + mo, META), kl = load_meta(st + lay.klo + mo, META);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           float d = 0.0f;
@@ -465,7 +465,7 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
         LaneCodes<VB> vc;
         vc.load_shared(st + lay.vc + local * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
         const int mo = (local * p.v.G + kgrp) * mb;
-        const float vs = load_meta(st + lay.vsc + mo, p.meta), vl = load_meta(st + lay.vlo + mo, p.meta);
+        const float vs = load_meta(st + lay.vsc + mo, META), vl = load_meta(st + lay.vlo + mo, META);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           const float w = pw[u][n] * vs;
@@ -513,9 +513,14 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
       SKVQ_CUDA_LAUNCH_CHECK();
       row += nq;
     };
-    if (left >= 4) go(attn_fast_kernel<KB, VB, 4>, 4);
-    else if (left >= 2) go(attn_fast_kernel<KB, VB, 2>, 2);
-    else go(attn_fast_kernel<KB, VB, 1>, 1);
+    auto by_meta = [&](auto k16, auto k32, auto k8, int nq) {
+      if (p.meta == 0) go(k16, nq);
+      else if (p.meta == 1) go(k32, nq);
+      else go(k8, nq);
+    };
+    if (left >= 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>, 4);
+    else if (left >= 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>, 2);
+    else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>, 1);
   }
 }
 
@@ -548,7 +553,7 @@ int choose_splits(const AttnParams& p, int requested) {
   int dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const std::int64_t blocks_per_split = static_cast<std::int64_t>(p.B) * p.Hkv;
-  std::int64_t splits = (4LL * sms + blocks_per_split - 1) / blocks_per_split;
+  std::int64_t splits = (8LL * sms + blocks_per_split - 1) / blocks_per_split;  // about two waves
   const std::int64_t max_splits = (p.kv_len + 255) / 256;  // at least 256 tokens a split
   splits = std::max<std::int64_t>(1, std::min(splits, max_splits));
   return static_cast<int>(splits);
