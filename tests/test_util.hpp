@@ -13,35 +13,11 @@
 #include <vector>
 
 #include "skvq/skvq.hpp"
+#include "workload/synthetic.hpp"
 
 namespace skvq::test {
 
-// Standard normal samples from a fixed generator (Box-Muller on mt19937, so
-// the stream is the same with every standard library).
-class Normal {
- public:
-  explicit Normal(std::uint32_t seed) : gen_(seed) {}
-  float operator()() {
-    if (has_) {
-      has_ = false;
-      return spare_;
-    }
-    double u1 = 0.0;
-    do u1 = uniform(); while (u1 <= 1e-300);
-    const double u2 = uniform();
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
-    has_ = true;
-    return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
-  }
-  double uniform() { return static_cast<double>(gen_()) / 4294967296.0; }
-  std::uint32_t next() { return gen_(); }
-
- private:
-  std::mt19937 gen_;
-  bool has_ = false;
-  float spare_ = 0.0f;
-};
+using workload::Normal;
 
 // Standard normal values, rounded to `dtype`; optionally channel c multiplied
 // by a fixed per-channel scale from logspace(-2, 1, D), shuffled.

@@ -123,21 +123,128 @@ __device__ __forceinline__ Where locate(const AttnParams& p, std::int64_t bh, st
   return w;
 }
 
+// One 8-lane group's view of up to NQ query rows: the queries (in the keys'
+// permuted order, scaled to log2 units), the online softmax (max, sum) and the
+// value accumulators. acc holds sum(w f) over the values' frac codes, wsum
+// sum(w) and lacc sum(p lo), so the output is (acc - wsum) * 2^VB + lacc;
+// exact rows enter acc scaled by 2^-VB.
+template <int NQ, int VB>
+struct GroupState {
+  float q[NQ][kCPL], qs[NQ];
+  std::int64_t limit[NQ];  // last visible token of each row (causal)
+  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
+
+  __device__ __forceinline__ void init(const AttnParams& p, int b, int h, int row0, int lane, const int* kperm) {
+    const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      const int row = row0 + n;
+      const bool valid = row < n_rows;
+      const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
+      const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
+      limit[n] = valid ? p.kv_len - p.Sq + i : -1;
+      qs[n] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) {
+        const int j = lane * kCPL + c;
+        q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
+        qs[n] += q[n][c];
+      }
+      m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
+    }
+  }
+  // This lane's part of row n's score for a packed key.
+  template <int KB>
+  __device__ __forceinline__ float packed_score(const LaneCodes<KB>& kc, float ks, float kl, int n) const {
+    float d = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
+    return fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
+  }
+  __device__ __forceinline__ float exact_score(const float* x, int n) const {
+    float d = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], x[c], d);
+    return d;
+  }
+  // Online softmax over T scores per row (-inf: masked); weights into pw.
+  template <int T>
+  __device__ __forceinline__ void softmax(const float (&s)[T][NQ], float (&pw)[T][NQ]) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      float mt = s[0][n];
+#pragma unroll
+      for (int u = 1; u < T; ++u) mt = fmaxf(mt, s[u][n]);
+      const float mnew = fmaxf(m[n], mt);
+      if (mnew == -INFINITY) {
+#pragma unroll
+        for (int u = 0; u < T; ++u) pw[u][n] = 0.0f;
+        continue;
+      }
+      const float corr = fast_exp2(m[n] - mnew);
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < T; ++u) {
+        pw[u][n] = fast_exp2(s[u][n] - mnew);
+        sum += pw[u][n];
+      }
+      l[n] = l[n] * corr + sum;
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
+        lacc[n] *= corr;
+        wsum[n] *= corr;
+      }
+      m[n] = mnew;
+    }
+  }
+  template <int T>
+  __device__ __forceinline__ void add_packed_value(const LaneCodes<VB>& vc, float vs, float vl, const float (&pw)[T][NQ], int u) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      const float w = pw[u][n] * vs;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
+      wsum[n] += w;
+      lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
+    }
+  }
+  template <int T>
+  __device__ __forceinline__ void add_exact_value(const float* x, const float (&pw)[T][NQ], int u) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      const float w = pw[u][n] * (1.0f / static_cast<float>(1 << VB));
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, x[c], acc[n][c]);
+    }
+  }
+};
+
+__device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a group
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  return v;
+}
+
 // Merges the block's 16 groups (each its own max, sum, accumulators) in
 // shared memory and writes one partial (max, sum, acc in the values' permuted
 // order) per query row to the workspace.
 template <int NQ, int VB>
 __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int out_split, int b, int h, int lane, int grp,
-                                              const float (&m)[NQ], const float (&l)[NQ], const float (&acc)[NQ][kCPL],
-                                              const float (&lacc)[NQ], const float (&wsum)[NQ]) {
+                                              const GroupState<NQ, VB>& st) {
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
   __shared__ float sm_acc[kGroups][NQ][kD];
 #pragma unroll
   for (int n = 0; n < NQ; ++n) {
-    if (lane == 0) sm_m[grp][n] = m[n], sm_l[grp][n] = l[n];
+    if (lane == 0) sm_m[grp][n] = st.m[n], sm_l[grp][n] = st.l[n];
 #pragma unroll
-    for (int c = 0; c < kCPL; ++c) sm_acc[grp][n][lane * kCPL + c] = (acc[n][c] - wsum[n]) * static_cast<float>(1 << VB) + lacc[n];
+    for (int c = 0; c < kCPL; ++c) {
+      sm_acc[grp][n][lane * kCPL + c] = (st.acc[n][c] - st.wsum[n]) * static_cast<float>(1 << VB) + st.lacc[n];
+    }
   }
   __syncthreads();
   for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
@@ -169,39 +276,13 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   constexpr int kTileN = NQ >= 4 ? 2 : kTile;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   const int* kperm = (!DENSE && p.k.perm) ? p.k.perm + h * kD : nullptr;
   const int* vperm = (!DENSE && p.v.perm) ? p.v.perm + h * kD : nullptr;
-
-  float q[NQ][kCPL], qs[NQ];
-  std::int64_t limit[NQ];
-#pragma unroll
-  for (int n = 0; n < NQ; ++n) {
-    const int row = row0 + n;
-    const bool valid = row < n_rows;
-    const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
-    const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
-    limit[n] = valid ? p.kv_len - p.Sq + i : -1;
-    qs[n] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCPL; ++c) {
-      const int j = lane * kCPL + c;
-      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
-      qs[n] += q[n][c];
-    }
-  }
-  // acc holds sum(w f) for the values' frac codes, wsum = sum(w), lacc = sum(p lo):
-  // the output is (acc - wsum) * 2^VB + lacc (exact rows enter acc scaled by 2^-VB).
-  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
-#pragma unroll
-  for (int n = 0; n < NQ; ++n) {
-    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
-  }
-  const int G_k = p.k.G, G_v = p.v.G, mb = p.meta_bytes;
-  const int kgrp = (lane * kCPL) / p.group, vgrp = kgrp;  // one metadata group per lane
+  GroupState<NQ, VB> st;
+  st.init(p, b, h, row0, lane, kperm);
+  const int mb = p.meta_bytes;
+  const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
   const std::int64_t t_begin = p.n_ranges ? p.range_begin[split] : static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = p.n_ranges ? p.range_end[split] : min(p.kv_len, t_begin + p.split_len);
   const int out_split = p.n_ranges ? p.split_base + split : split;
@@ -219,93 +300,40 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
         LaneCodes<KB> kc;
         const std::int64_t rowi = bh * p.window + where[u].row;
         kc.load(p.k.codes + where[u].slot * p.k.slot_codes + rowi * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
-        const std::int64_t mo = where[u].slot * p.k.slot_meta + (rowi * G_k + kgrp) * mb;
+        const std::int64_t mo = where[u].slot * p.k.slot_meta + (rowi * p.k.G + kgrp) * mb;
         const float ks = load_meta(p.k.scale + mo, p.meta), kl = load_meta(p.k.lo + mo, p.meta);
 #pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          float d = 0.0f;
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
-          part[n] = fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
-        }
+        for (int n = 0; n < NQ; ++n) part[n] = st.packed_score(kc, ks, kl, n);
       } else {
         float x[kCPL];
         load_exact(where[u].krow, kperm, lane, x);
 #pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          float d = 0.0f;
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], x[c], d);
-          part[n] = d;
-        }
+        for (int n = 0; n < NQ; ++n) part[n] = st.exact_score(x, n);
       }
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
-        float v = part[n];
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        s[u][n] = (in && t <= limit[n]) ? v : -INFINITY;
+        const float v = group_sum(part[n]);
+        s[u][n] = (in && t <= st.limit[n]) ? v : -INFINITY;
       }
     }
     float pw[kTileN][NQ];
-#pragma unroll
-    for (int n = 0; n < NQ; ++n) {
-      float mt = s[0][n];
-#pragma unroll
-      for (int u = 1; u < kTileN; ++u) mt = fmaxf(mt, s[u][n]);
-      const float mnew = fmaxf(m[n], mt);
-      if (mnew == -INFINITY) {
-#pragma unroll
-        for (int u = 0; u < kTileN; ++u) pw[u][n] = 0.0f;
-        continue;
-      }
-      const float corr = fast_exp2(m[n] - mnew);
-      float sum = 0.0f;
-#pragma unroll
-      for (int u = 0; u < kTileN; ++u) {
-        pw[u][n] = fast_exp2(s[u][n] - mnew);
-        sum += pw[u][n];
-      }
-      l[n] = l[n] * corr + sum;
-      if (corr != 1.0f) {
-#pragma unroll
-        for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
-        lacc[n] *= corr;
-        wsum[n] *= corr;
-      }
-      m[n] = mnew;
-    }
+    st.softmax(s, pw);
 #pragma unroll
     for (int u = 0; u < kTileN; ++u) {
       if (!DENSE && where[u].kind == 1) {
         LaneCodes<VB> vc;
         const std::int64_t rowi = bh * p.window + where[u].row;
         vc.load(p.v.codes + where[u].slot * p.v.slot_codes + rowi * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
-        const std::int64_t mo = where[u].slot * p.v.slot_meta + (rowi * G_v + vgrp) * mb;
-        const float vs = load_meta(p.v.scale + mo, p.meta), vl = load_meta(p.v.lo + mo, p.meta);
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          const float w = pw[u][n] * vs;
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
-          wsum[n] += w;
-          lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
-        }
+        const std::int64_t mo = where[u].slot * p.v.slot_meta + (rowi * p.v.G + kgrp) * mb;
+        st.add_packed_value(vc, load_meta(p.v.scale + mo, p.meta), load_meta(p.v.lo + mo, p.meta), pw, u);
       } else {
         float x[kCPL];
         load_exact(where[u].vrow, vperm, lane, x);
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          const float w = pw[u][n] * (1.0f / static_cast<float>(1 << VB));
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, x[c], acc[n][c]);
-        }
+        st.add_exact_value(x, pw, u);
       }
     }
   }
-
-  write_partial<NQ, VB>(p, row0, out_split, b, h, lane, grp, m, l, acc, lacc, wsum);
+  write_partial<NQ, VB>(p, row0, out_split, b, h, lane, grp, st);
 }
 
 // ---- pipelined kernel for the packed body (window a multiple of 64) ----
@@ -350,34 +378,10 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   const FastLayout lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq, mb = p.meta_bytes;
+  const int mb = p.meta_bytes;
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
-  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
-
-  float q[NQ][kCPL], qs[NQ];
-  std::int64_t limit[NQ];
-#pragma unroll
-  for (int n = 0; n < NQ; ++n) {
-    const int row = row0 + n;
-    const bool valid = row < n_rows;
-    const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
-    const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
-    limit[n] = valid ? p.kv_len - p.Sq + i : -1;
-    qs[n] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCPL; ++c) {
-      const int j = lane * kCPL + c;
-      q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;
-      qs[n] += q[n][c];
-    }
-  }
-  float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
-#pragma unroll
-  for (int n = 0; n < NQ; ++n) {
-    m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
-  }
+  GroupState<NQ, VB> st;
+  st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   const int kgrp = (lane * kCPL) / p.group;
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
@@ -387,14 +391,14 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
     const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
     const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
     const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
-    unsigned char* st = ring + (tile % kStages) * lay.stage;
-    copy_range(st + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
-    copy_range(st + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
+    unsigned char* stage = ring + (tile % kStages) * lay.stage;
+    copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
+    copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
     const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
-    copy_range(st + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
-    copy_range(st + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
-    copy_range(st + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
-    copy_range(st + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
+    copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
+    copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
+    copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
+    copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
   };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
@@ -406,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
     __syncthreads();
     if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
     cp_async_commit();
-    const unsigned char* st = ring + (tile % kStages) * lay.stage;
+    const unsigned char* stage = ring + (tile % kStages) * lay.stage;
     const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
 #pragma unroll
     for (int u0 = 0; u0 < kTile; u0 += kSub) {
@@ -416,69 +420,29 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
         const int local = (u0 + u) * kGroups + grp;
         const std::int64_t t = t0 + local;
         LaneCodes<KB> kc;
-        kc.load_shared(st + lay.kc + local * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
+        kc.load_shared(stage + lay.kc + local * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
         const int mo = (local * p.k.G + kgrp) * mb;
-        const float ks = load_meta(st + lay.ksc + mo, META), kl = load_meta(st + lay.klo + mo, META);
+        const float ks = load_meta(stage + lay.ksc + mo, META), kl = load_meta(stage + lay.klo + mo, META);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
-          float d = 0.0f;
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
-          float v = fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
-          v += __shfl_xor_sync(0xffffffffu, v, 1);
-          v += __shfl_xor_sync(0xffffffffu, v, 2);
-          v += __shfl_xor_sync(0xffffffffu, v, 4);
-          s[u][n] = (t >= p.sinks && t <= limit[n]) ? v : -INFINITY;
+          const float v = group_sum(st.packed_score(kc, ks, kl, n));
+          s[u][n] = (t >= p.sinks && t <= st.limit[n]) ? v : -INFINITY;
         }
       }
       float pw[kSub][NQ];
-#pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        float mt = s[0][n];
-#pragma unroll
-        for (int u = 1; u < kSub; ++u) mt = fmaxf(mt, s[u][n]);
-        const float mnew = fmaxf(m[n], mt);
-        if (mnew == -INFINITY) {
-#pragma unroll
-          for (int u = 0; u < kSub; ++u) pw[u][n] = 0.0f;
-          continue;
-        }
-        const float corr = fast_exp2(m[n] - mnew);
-        float sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < kSub; ++u) {
-          pw[u][n] = fast_exp2(s[u][n] - mnew);
-          sum += pw[u][n];
-        }
-        l[n] = l[n] * corr + sum;
-        if (corr != 1.0f) {
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] *= corr;
-          lacc[n] *= corr;
-          wsum[n] *= corr;
-        }
-        m[n] = mnew;
-      }
+      st.softmax(s, pw);
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
         const int local = (u0 + u) * kGroups + grp;
         LaneCodes<VB> vc;
-        vc.load_shared(st + lay.vc + local * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
+        vc.load_shared(stage + lay.vc + local * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
         const int mo = (local * p.v.G + kgrp) * mb;
-        const float vs = load_meta(st + lay.vsc + mo, META), vl = load_meta(st + lay.vlo + mo, META);
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          const float w = pw[u][n] * vs;
-#pragma unroll
-          for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
-          wsum[n] += w;
-          lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
-        }
+        st.add_packed_value(vc, load_meta(stage + lay.vsc + mo, META), load_meta(stage + lay.vlo + mo, META), pw, u);
       }
     }
     __syncthreads();  // the stage is refilled two tiles later
   }
-  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, m, l, acc, lacc, wsum);
+  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
 __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {

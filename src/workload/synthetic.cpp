@@ -7,33 +7,22 @@
 
 namespace skvq::workload {
 
-namespace {
+Normal::Normal(std::uint32_t seed) : gen_(seed) {}
 
-// Box-Muller over mt19937: the same stream with every standard library.
-class Normal {
- public:
-  explicit Normal(std::uint32_t seed) : gen_(seed) {}
-  float operator()() {
-    if (has_) {
-      has_ = false;
-      return spare_;
-    }
-    const double u1 = (static_cast<double>(gen_()) + 1.0) / 4294967297.0;
-    const double u2 = static_cast<double>(gen_()) / 4294967296.0;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
-    has_ = true;
-    return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+float Normal::operator()() {
+  if (has_) {
+    has_ = false;
+    return spare_;
   }
-  std::uint32_t next() { return gen_(); }
+  const double u1 = (static_cast<double>(gen_()) + 1.0) / 4294967297.0;
+  const double u2 = static_cast<double>(gen_()) / 4294967296.0;
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  spare_ = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+  has_ = true;
+  return static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+}
 
- private:
-  std::mt19937 gen_;
-  bool has_ = false;
-  float spare_ = 0.0f;
-};
-
-}  // namespace
+std::uint32_t Normal::next() { return gen_(); }
 
 void fill_normal(const TensorView& t, std::uint32_t seed, float scale) {
   Normal rng(seed);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <random>
 
 #include "skvq/tensor.hpp"
 
@@ -17,6 +18,20 @@ struct SyntheticSpec {
   int outlier_channels = 4;  // per head, magnitude ~ 10x the rest
   int sink_rows = 4;         // first rows, magnitude ~ 4x
   std::uint32_t seed = 1234;
+};
+
+// Standard normal samples from a fixed generator (Box-Muller on mt19937, so
+// the stream is the same with every standard library).
+class Normal {
+ public:
+  explicit Normal(std::uint32_t seed);
+  float operator()();
+  std::uint32_t next();
+
+ private:
+  std::mt19937 gen_;
+  bool has_ = false;
+  float spare_ = 0.0f;
 };
 
 // keys and values [B, H, kv_len, D] in `dtype`.
