@@ -5,6 +5,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cpu/convert_simd.hpp"
 #include "skvq/error.hpp"
 
 namespace skvq::detail {
@@ -58,15 +59,11 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
     for (std::int64_t h = 0; h < s[1]; ++h)
       for (std::int64_t i = 0; i < s[2]; ++i) {
         if (t.strides[3] == 1) {
-          load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
+          cpu::load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
         } else {
           for (std::int64_t d = 0; d < s[3]; ++d) row[static_cast<std::size_t>(d)] = t.at(b, h, i, d);
         }
-        bool ok = true;
-        for (std::int64_t d = 0; d < s[3]; ++d) {  // branch-free scan; locate the culprit only on failure
-          ok &= std::fabs(row[static_cast<std::size_t>(d)]) <= limit;
-        }
-        if (ok) continue;
+        if (cpu::max_abs(row.data(), s[3]) <= limit) continue;  // false for NaN: find the culprit below
         for (std::int64_t d = 0; d < s[3]; ++d) {
           const float x = row[static_cast<std::size_t>(d)];
           if (!std::isfinite(x)) {

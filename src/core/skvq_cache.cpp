@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 
 #include "core/input_check.hpp"
 #include "core/quant_params.hpp"
 #include "core/skvq_state.hpp"
+#include "cpu/convert_simd.hpp"
 #include "cpu/quantize_simd.hpp"
 #include "ref/dequantize.hpp"
 #include "ref/meta.hpp"
@@ -110,23 +112,25 @@ void flush_side(SkvqState& st, Side& s) {
   if (first && cfg.reorder) compute_perms(st, s);
 
   // Gather the rows to quantize as float32, permuted and padded.
-  std::vector<float> x(static_cast<std::size_t>(BH * nq * P)), row(static_cast<std::size_t>(D));
+  // Scratch, written in full below: no zero-filling.
+  const std::size_t n_x = static_cast<std::size_t>(BH * nq * P), n_meta = static_cast<std::size_t>(BH * nq * G);
+  const std::unique_ptr<float[]> x(new float[n_x]), lo(new float[n_meta]), scale(new float[n_meta]);
+  const std::unique_ptr<std::uint8_t[]> codes(new std::uint8_t[n_x]);
+  std::vector<float> row(static_cast<std::size_t>(D));
   for (std::int64_t bh = 0; bh < BH; ++bh) {
     const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
     for (std::int64_t i = 0; i < nq; ++i) {
-      float* xr = x.data() + (bh * nq + i) * P;
-      load_row_f32(s.tail.data() + (bh * r + skip + i) * D * es, st.dtype, D, perm ? row.data() : xr);
+      float* xr = x.get() + (bh * nq + i) * P;
+      cpu::load_row_f32(s.tail.data() + (bh * r + skip + i) * D * es, st.dtype, D, perm ? row.data() : xr);
       if (perm) {
         for (std::int64_t j = 0; j < D; ++j) xr[j] = row[static_cast<std::size_t>(perm[j])];
       }
       for (std::int64_t j = D; j < P; ++j) xr[j] = xr[D - 1];
     }
   }
-  std::vector<std::uint8_t> codes(x.size());
-  std::vector<float> lo(static_cast<std::size_t>(BH * nq * G)), scale(lo.size());
   const std::vector<float> grid = cfg.clip_grid();
   QuantParams qp;
-  qp.x = x.data();
+  qp.x = x.get();
   qp.n_rows = BH * nq;
   qp.padded_dim = P;
   qp.group_size = g;
@@ -134,9 +138,9 @@ void flush_side(SkvqState& st, Side& s) {
   qp.grid = grid.data();
   qp.n_grid = static_cast<int>(grid.size());
   qp.meta = cfg.metadata;
-  qp.codes = codes.data();
-  qp.lo = lo.data();
-  qp.scale = scale.data();
+  qp.codes = codes.get();
+  qp.lo = lo.get();
+  qp.scale = scale.get();
   if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
   else cpu::quantize_rows(qp);
 
@@ -149,10 +153,10 @@ void flush_side(SkvqState& st, Side& s) {
   ch.scale.assign(ch.lo.size(), 0);
   for (std::int64_t bh = 0; bh < BH; ++bh) {
     for (std::int64_t i = 0; i < nq; ++i) {
-      ref::pack_codes(codes.data() + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
+      ref::pack_codes(codes.get() + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
     }
   }
-  for (std::size_t e = 0; e < lo.size(); ++e) {
+  for (std::size_t e = 0; e < n_meta; ++e) {
     ref::meta_store(ch.lo.data() + e * m, cfg.metadata, lo[e]);
     ref::meta_store(ch.scale.data() + e * m, cfg.metadata, scale[e]);
   }

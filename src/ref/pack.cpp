@@ -1,6 +1,9 @@
 // Reference bit packing (layout drawn in pack.hpp).
 #include "ref/pack.hpp"
 
+#include <bit>
+#include <cstring>
+
 namespace skvq::ref {
 
 void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* stream,
@@ -11,6 +14,24 @@ void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_
     const int per = 8 / bits;
     std::uint8_t* out = stream + first * bits / 8;
     std::int64_t i = 0;
+    if (bits < 8) {
+      // Eight codes (one per byte of a little-endian word) at a time: fold
+      // neighbours together in log2(8) shift-or steps (SWAR).
+      static_assert(std::endian::native == std::endian::little);
+      const std::uint64_t lane = 0x0101010101010101ULL * mask;
+      for (; i + 8 <= n; i += 8) {
+        std::uint64_t x;
+        std::memcpy(&x, codes + i, 8);
+        x &= lane;
+        const std::uint64_t m16 = 0x0001000100010001ULL * ((1ULL << (2 * bits)) - 1);
+        const std::uint64_t m32 = 0x0000000100000001ULL * ((1ULL << (4 * bits)) - 1);
+        x = (x | (x >> (8 - bits))) & m16;        // pairs: 2 * bits in each 16-bit lane
+        x = (x | (x >> (16 - 2 * bits))) & m32;   // quads: 4 * bits in each 32-bit lane
+        x = x | (x >> (32 - 4 * bits));           // octet: 8 * bits in the low bits
+        for (int k = 0; k < bits; ++k) out[k] = static_cast<std::uint8_t>(out[k] | ((x >> (8 * k)) & 0xffu));
+        out += bits;
+      }
+    }
     for (; i + per <= n; i += per) {
       unsigned byte = 0;
       for (int k = 0; k < per; ++k) byte |= (codes[i + k] & mask) << (k * bits);
