@@ -100,6 +100,25 @@ void compute_perms(const SkvqState& st, Side& s) {
   }
 }
 
+// Per-thread scratch of the flush (grown, never shrunk).
+struct Scratch {
+  std::unique_ptr<float[]> x, lo, scale;
+  std::unique_ptr<std::uint8_t[]> codes;
+  std::size_t n_x = 0, n_meta = 0;
+  void reserve(std::size_t nx, std::size_t nm) {
+    if (nx > n_x) {
+      x.reset(new float[nx]);
+      codes.reset(new std::uint8_t[nx]);
+      n_x = nx;
+    }
+    if (nm > n_meta) {
+      lo.reset(new float[nm]);
+      scale.reset(new float[nm]);
+      n_meta = nm;
+    }
+  }
+};
+
 // Flushes the full tail (chunk starting at token st.q_end) of one side.
 void flush_side(SkvqState& st, Side& s) {
   const Config& cfg = st.cfg;
@@ -112,17 +131,21 @@ void flush_side(SkvqState& st, Side& s) {
   if (first && cfg.reorder) compute_perms(st, s);
 
   // Gather the rows to quantize as float32, permuted and padded.
-  // Scratch, written in full below: no zero-filling.
+  // Scratch, written in full below, kept per thread across flushes (no zero-filling, no page faults).
   const std::size_t n_x = static_cast<std::size_t>(BH * nq * P), n_meta = static_cast<std::size_t>(BH * nq * G);
-  const std::unique_ptr<float[]> x(new float[n_x]), lo(new float[n_meta]), scale(new float[n_meta]);
-  const std::unique_ptr<std::uint8_t[]> codes(new std::uint8_t[n_x]);
+  thread_local Scratch scratch;
+  scratch.reserve(n_x, n_meta);
+  float* const x = scratch.x.get();
+  float* const lo = scratch.lo.get();
+  float* const scale = scratch.scale.get();
+  std::uint8_t* const codes = scratch.codes.get();
   std::vector<float> row(static_cast<std::size_t>(D));
   for (std::int64_t bh = 0; bh < BH; ++bh) {
     const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
     for (std::int64_t i = 0; i < nq; ++i) {
-      float* xr = x.get() + (bh * nq + i) * P;
+      float* xr = x + (bh * nq + i) * P;
       cpu::load_row_f32(s.tail.data() + (bh * r + skip + i) * D * es, st.dtype, D, perm ? row.data() : xr);
-      if (perm) {
+      if (perm) {  // a scalar loop: hardware gathers were slower here (AMD EPYC)
         for (std::int64_t j = 0; j < D; ++j) xr[j] = row[static_cast<std::size_t>(perm[j])];
       }
       for (std::int64_t j = D; j < P; ++j) xr[j] = xr[D - 1];
@@ -130,7 +153,7 @@ void flush_side(SkvqState& st, Side& s) {
   }
   const std::vector<float> grid = cfg.clip_grid();
   QuantParams qp;
-  qp.x = x.get();
+  qp.x = x;
   qp.n_rows = BH * nq;
   qp.padded_dim = P;
   qp.group_size = g;
@@ -138,9 +161,9 @@ void flush_side(SkvqState& st, Side& s) {
   qp.grid = grid.data();
   qp.n_grid = static_cast<int>(grid.size());
   qp.meta = cfg.metadata;
-  qp.codes = codes.get();
-  qp.lo = lo.get();
-  qp.scale = scale.get();
+  qp.codes = codes;
+  qp.lo = lo;
+  qp.scale = scale;
   if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
   else cpu::quantize_rows(qp);
 
@@ -153,7 +176,7 @@ void flush_side(SkvqState& st, Side& s) {
   ch.scale.assign(ch.lo.size(), 0);
   for (std::int64_t bh = 0; bh < BH; ++bh) {
     for (std::int64_t i = 0; i < nq; ++i) {
-      ref::pack_codes(codes.get() + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
+      ref::pack_codes(codes + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
     }
   }
   for (std::size_t e = 0; e < n_meta; ++e) {

@@ -1,6 +1,7 @@
 // Highway SIMD conversions (see convert_simd.hpp).
 #include "cpu/convert_simd.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #undef HWY_TARGET_INCLUDE
@@ -48,6 +49,18 @@ float MaxAbs(const float* x, std::int64_t n) {
   return any_nan ? NAN : r;
 }
 
+std::uint16_t MaxAbsBits16(const std::uint16_t* h, std::int64_t n) {
+  const hn::ScalableTag<std::uint16_t> d;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
+  const auto mask = hn::Set(d, static_cast<std::uint16_t>(0x7fff));
+  auto m = hn::Zero(d);
+  std::int64_t j = 0;
+  for (; j + L <= n; j += L) m = hn::Max(m, hn::And(hn::LoadU(d, h + j), mask));
+  std::uint16_t r = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; j < n; ++j) r = std::max<std::uint16_t>(r, static_cast<std::uint16_t>(h[j] & 0x7fff));
+  return r;
+}
+
 }  // namespace skvq::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -56,12 +69,17 @@ namespace skvq::cpu {
 
 HWY_EXPORT(LoadRowF32);
 HWY_EXPORT(MaxAbs);
+HWY_EXPORT(MaxAbsBits16);
 
 void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(LoadRowF32)(p, t, n, out);
 }
 
 float max_abs(const float* x, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxAbs)(x, n); }
+
+std::uint16_t max_abs_bits16(const std::uint16_t* h, std::int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(MaxAbsBits16)(h, n);
+}
 
 }  // namespace skvq::cpu
 #endif  // HWY_ONCE

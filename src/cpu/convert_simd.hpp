@@ -16,4 +16,8 @@ void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out);
 // Largest |x| over x[0..n); NaN if any element is NaN.
 float max_abs(const float* x, std::int64_t n);
 
+// Largest (h & 0x7fff) over n contiguous fp16 or bf16 bit patterns: the
+// largest magnitude's bits (NaN and infinity compare above every finite value).
+std::uint16_t max_abs_bits16(const std::uint16_t* h, std::int64_t n);
+
 }  // namespace skvq::cpu
