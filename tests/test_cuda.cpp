@@ -3,6 +3,9 @@
 // there is no GPU (CI); the CUDA code still compiles there.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "ref/attention.hpp"
 #include "skvq/cuda.hpp"
 #include "test_util.hpp"
@@ -12,6 +15,15 @@ namespace {
 
 #define REQUIRE_GPU() \
   if (!cuda::available()) GTEST_SKIP() << cuda::device_description()
+
+// Relative L2 bound against the float32 CPU reference: float32 kernels land
+// near 1e-6; the tensor-core kernel rounds q and p to fp16 (unit roundoff
+// 2^-11, as FlashAttention does), which moves outputs by about 1e-3 of their
+// size on these random inputs. SKVQ_CUDA_MMA=0 selects the float32 kernel.
+double attention_tolerance() {
+  const char* e = std::getenv("SKVQ_CUDA_MMA");
+  return (e != nullptr && std::string(e) == "0") ? 1e-5 : 5e-3;
+}
 
 Config gpu_config(int window, int n_sink, int group, int bk, int bv, MetaType meta, bool reorder = true) {
   Config c;
@@ -94,7 +106,7 @@ TEST(Cuda, AttentionMatchesCpuReference) {
         const float scale = 1.0f / std::sqrt(128.0f);
         const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
         const Tensor got = gpu.attend(q.view(), scale);
-        EXPECT_LT(rel_l2(got.view(), want.view()), 1e-5) << "window " << c.cfg.window << " G " << G << " Sq " << Sq;
+        EXPECT_LT(rel_l2(got.view(), want.view()), attention_tolerance()) << "window " << c.cfg.window << " G " << G << " Sq " << Sq;
       }
     }
   }
@@ -121,7 +133,7 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
       gpu.attend_device(dq, 16, 1, 0.1f, dout, splits);
       Tensor got(DType::f32, want.shape());
       cuda::copy_to_host(got.data(), dout, got.nbytes());
-      EXPECT_LT(rel_l2(got.view(), want.view()), 1e-5) << "len " << len << " splits " << splits;
+      EXPECT_LT(rel_l2(got.view(), want.view()), attention_tolerance()) << "len " << len << " splits " << splits;
     }
     cuda::device_free(dq);
     cuda::device_free(dout);

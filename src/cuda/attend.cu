@@ -9,6 +9,8 @@
 // merges its 16 groups in shared memory and writes one partial per split,
 // and the combine kernel merges the splits and undoes the value permutation.
 #include <cfloat>
+#include <cstdlib>
+#include <string>
 
 #include "cuda/common.cuh"
 #include "cuda/device_state.cuh"
@@ -445,6 +447,287 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
+// ---- tensor-core kernel for the packed body ----
+//
+// Same tiles and cp.async ring as attn_fast_kernel, but each warp takes 16
+// tokens of a 64-token tile and runs both products on the tensor cores
+// (mma.sync m16n8k16, fp16 inputs, fp32 accumulation), for up to 8 query rows
+// of the KV head:
+//   S[query][token] = Q[query][channel] . K^T[channel][token]   (per metadata group)
+//   O[query][channel] += (P * v_scale)[query][token] . V[token][channel]
+// Codes become exact fp16 pairs with one shift, one LOP3 and one HSUB2:
+// (w >> s) & mask | 0x6400.6400 is {1024 + c1, 1024 + c2}. Which channels share
+// a pair differs for K (two channels of one token: the channel order of a dot
+// product is free, so q is laid out to match) and V (one channel of two tokens:
+// __byte_perm brings the two rows' bytes together). q and p are rounded to fp16,
+// as FlashAttention does, so results carry fp16-level rounding (docs/numerics.md).
+constexpr int kMmaMaxGroups = 4;
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// {c(bits s..), c(bits s+16..)} of x as an exact fp16 pair.
+template <int B>
+__device__ __forceinline__ unsigned code_pair(unsigned x, int s) {
+  constexpr unsigned kMask = ((1u << B) - 1u) * 0x00010001u;
+  const unsigned h = ((x >> s) & kMask) | 0x64006400u;
+  const __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&h), __half2(__float2half(1024.0f), __float2half(1024.0f)));
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+
+template <int B>
+struct PairMap {  // pair p of a row: two channels of one 32-bit word
+  static constexpr int kW = 32 / B;  // codes per word
+  __device__ static int word(int p) { return p / (kW / 2); }
+  __device__ static int shift(int p) { return B * (p % (kW / 2)); }
+  __device__ static int ch_lo(int p) { return kW * word(p) + p % (kW / 2); }
+  __device__ static int ch_hi(int p) { return ch_lo(p) + kW / 2; }
+};
+
+template <int KB, int VB, int META>
+__global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, int row0) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  const FastLayout lay(p);
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int gid = lane / 4, tig = lane % 4;
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq, mb = p.meta_bytes;
+  const int Gk = p.k.G, Gv = p.v.G, gsz = p.group;
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
+
+  // This lane's query row (gid): A fragments of Q (rows gid; rows gid+8 are zero) per k-step.
+  const int qr = row0 + gid;
+  const bool qvalid = gid < 8 && qr < n_rows;
+  const int gq = qvalid ? qr / p.Sq : 0, qi = qvalid ? qr % p.Sq : 0;
+  const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
+  const std::int64_t limit = qvalid ? p.kv_len - p.Sq + qi : -1;
+  const float qscale = p.scale * 1.4426950408889634f;  // log2 units
+  auto qv = [&](int ch) { return qvalid ? qrow[kperm ? kperm[ch] : ch] * qscale : 0.0f; };
+  unsigned qa[8][2];  // [k-step][a0, a2]
+  float qsum[kMmaMaxGroups] = {0, 0, 0, 0};  // sum of this row's (fp16-rounded) q per key group
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int p0 = 8 * i + tig, p1 = 8 * i + 4 + tig;
+    qa[i][0] = pack_half2(qv(PairMap<KB>::ch_lo(p0)), qv(PairMap<KB>::ch_hi(p0)));
+    qa[i][1] = pack_half2(qv(PairMap<KB>::ch_lo(p1)), qv(PairMap<KB>::ch_hi(p1)));
+  }
+  // qsum per group, from the same fp16 values (every channel once across the quad)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&qa[i][0]));
+    const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&qa[i][1]));
+    const int g = (KB == 1 ? PairMap<KB>::ch_lo(8 * i) : 16 * i) / gsz;
+#pragma unroll
+    for (int gg = 0; gg < kMmaMaxGroups; ++gg) qsum[gg] += gg == g ? f0.x + f0.y + f1.x + f1.y : 0.0f;
+  }
+#pragma unroll
+  for (int g = 0; g < kMmaMaxGroups; ++g) {
+    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 1);
+    qsum[g] += __shfl_xor_sync(0xffffffffu, qsum[g], 2);
+  }
+
+  float o[16][2];  // O[row gid][channels 8c + 2tig, +1] (values' permuted order)
+#pragma unroll
+  for (int c = 0; c < 16; ++c) o[c][0] = o[c][1] = 0.0f;
+  float m = -INFINITY, l = 0.0f, lo_acc[kMmaMaxGroups] = {0, 0, 0, 0};
+
+  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
+  const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
+  auto issue = [&](int tile) {
+    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
+    const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
+    const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
+    unsigned char* stage = ring + (tile % kStages) * lay.stage;
+    copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
+    copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
+    const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
+    copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
+    copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
+    copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
+    copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
+  };
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) issue(s);
+    cp_async_commit();
+  }
+  constexpr int kRowWordsK = 128 * KB / 32, kRowWordsV = 128 * VB / 32;
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait_stages();
+    __syncthreads();
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    const unsigned char* stage = ring + (tile % kStages) * lay.stage;
+    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile + 16 * warp;  // this warp's 16 tokens
+    const int l0 = 16 * warp;  // their first row in the stage
+
+    // ---- S = Q K^T, one accumulator set per key group; two n-tiles of 8 tokens
+    float sacc[kMmaMaxGroups][2][4];
+#pragma unroll
+    for (int g = 0; g < kMmaMaxGroups; ++g)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) sacc[g][n][0] = sacc[g][n][1] = sacc[g][n][2] = sacc[g][n][3] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const unsigned* krow = reinterpret_cast<const unsigned*>(stage + lay.kc + (l0 + 8 * n + gid) * p.k.row_bytes);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int p0 = 8 * i + tig, p1 = 8 * i + 4 + tig;
+        const unsigned b0 = code_pair<KB>(krow[PairMap<KB>::word(p0)], PairMap<KB>::shift(p0));
+        const unsigned b1 = code_pair<KB>(krow[PairMap<KB>::word(p1)], PairMap<KB>::shift(p1));
+        const unsigned a[4] = {qa[i][0], 0u, qa[i][1], 0u};
+        const int g = (KB == 1 ? PairMap<KB>::ch_lo(8 * i) : 16 * i) / gsz;
+#pragma unroll
+        for (int gg = 0; gg < kMmaMaxGroups; ++gg) {
+          if (gg == g) mma16816(sacc[gg][n], a, b0, b1);
+        }
+      }
+    }
+    (void)kRowWordsK;
+    // scores of this lane: row gid, tokens 8n + 2tig + e
+    float sc[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int local = l0 + 8 * n + 2 * tig + e;
+        float v = 0.0f;
+#pragma unroll
+        for (int g = 0; g < kMmaMaxGroups; ++g) {
+          if (g >= Gk) break;
+          const int mo = (local * Gk + g) * mb;
+          v += load_meta(stage + lay.ksc + mo, META) * sacc[g][n][e] + load_meta(stage + lay.klo + mo, META) * qsum[g];
+        }
+        const std::int64_t t = t0 + 8 * n + 2 * tig + e;
+        sc[n][e] = (t >= p.sinks && t <= limit) ? v : -INFINITY;
+      }
+    // ---- online softmax of row gid across the quad
+    float mt = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mnew = fmaxf(m, mt);
+    float pr[2][2] = {{0, 0}, {0, 0}};
+    if (mnew != -INFINITY) {
+      const float corr = fast_exp2(m - mnew);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) pr[n][e] = fast_exp2(sc[n][e] - mnew);
+      l = l * corr + pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1];
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int c = 0; c < 16; ++c) o[c][0] *= corr, o[c][1] *= corr;
+#pragma unroll
+        for (int g = 0; g < kMmaMaxGroups; ++g) lo_acc[g] *= corr;
+      }
+      m = mnew;
+    }
+    // ---- O += (P * v_scale) V, per value group; lo terms on the side
+    const unsigned* vr[4];  // rows of tokens 2tig, 2tig+1, 2tig+8, 2tig+9
+#pragma unroll
+    for (int r = 0; r < 4; ++r) vr[r] = reinterpret_cast<const unsigned*>(stage + lay.vc + (l0 + 2 * tig + (r & 1) + 8 * (r >> 1)) * p.v.row_bytes);
+#pragma unroll
+    for (int g = 0; g < kMmaMaxGroups; ++g) {
+      if (g >= Gv) break;
+      float ps[2][2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int mo = ((l0 + 8 * n + 2 * tig + e) * Gv + g) * mb;
+          ps[n][e] = pr[n][e] * load_meta(stage + lay.vsc + mo, META);
+          lo_acc[g] += pr[n][e] * load_meta(stage + lay.vlo + mo, META);
+        }
+      const unsigned a[4] = {pack_half2(ps[0][0], ps[0][1]), 0u, pack_half2(ps[1][0], ps[1][1]), 0u};
+      const int c_begin = g * gsz / 8, c_end = min(16, (g + 1) * gsz / 8);
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        if (c < c_begin || c >= c_end) continue;
+        const int ch = 8 * c + gid;  // this lane's channel for B (n = gid)
+        constexpr int kCpb = 8 / VB;  // codes per byte
+        const int byte = ch / kCpb, word = byte / 4, k = byte % 4, sh = VB * (ch % kCpb);
+        const unsigned sel = k | (k << 4) | ((k + 4) << 8) | ((k + 4) << 12);
+        const unsigned b0 = code_pair<VB>(__byte_perm(vr[0][word], vr[1][word], sel), sh);
+        const unsigned b1 = code_pair<VB>(__byte_perm(vr[2][word], vr[3][word], sel), sh);
+        float cc[4] = {o[c][0], o[c][1], 0.0f, 0.0f};
+        mma16816(cc, a, b0, b1);
+        o[c][0] = cc[0], o[c][1] = cc[1];
+      }
+    }
+    (void)kRowWordsV;
+    __syncthreads();
+  }
+  // ---- merge the 4 warps: per row gid: m, l (quad sums), o + lo terms
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+  for (int g = 0; g < kMmaMaxGroups; ++g) {
+    lo_acc[g] += __shfl_xor_sync(0xffffffffu, lo_acc[g], 1);
+    lo_acc[g] += __shfl_xor_sync(0xffffffffu, lo_acc[g], 2);
+  }
+  __shared__ float wm[4][8], wl[4][8], wo[4][8][kD];
+  if (tig == 0) wm[warp][gid] = m, wl[warp][gid] = l;
+#pragma unroll
+  for (int c = 0; c < 16; ++c)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int ch = 8 * c + 2 * tig + e;
+      float lo_g = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kMmaMaxGroups; ++g) lo_g = g == ch / gsz ? lo_acc[g] : lo_g;
+      wo[warp][gid][ch] = o[c][e] + lo_g;
+    }
+  __syncthreads();
+  for (int e = threadIdx.x; e < 8 * kD; e += kThreads) {
+    const int n = e / kD, j = e % kD, row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int w = 0; w < 4; ++w) M = fmaxf(M, wm[w][n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int w = 0; w < 4; ++w) {
+        const float f = fast_exp2(wm[w][n] - M);
+        L += wl[w][n] * f;
+        A += wo[w][n][j] * f;
+      }
+    }
+    const int gq2 = row / p.Sq, i2 = row % p.Sq;
+    const std::int64_t qrow_i = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq2) * p.Sq + i2;
+    if (j == 0) {
+      p.ws_m[qrow_i * p.splits + split] = M;
+      p.ws_l[qrow_i * p.splits + split] = L;
+    }
+    p.ws_acc[(qrow_i * p.splits + split) * kD + j] = A;
+  }
+}
+
+template <int KB, int VB>
+void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
+  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const dim3 grid(splits, p.Hkv, p.B);
+  const int smem = kStages * FastLayout(p).stage;
+  for (int row = 0; row < n_rows; row += 8) {
+    auto go = [&](auto kernel) {
+      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      kernel<<<grid, kThreads, smem, stream>>>(p, row);
+      SKVQ_CUDA_LAUNCH_CHECK();
+    };
+    if (p.meta == 0) go(attn_mma_kernel<KB, VB, 0>);
+    else if (p.meta == 1) go(attn_mma_kernel<KB, VB, 1>);
+    else go(attn_mma_kernel<KB, VB, 2>);
+  }
+}
+
 __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
@@ -511,6 +794,15 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
 
 }  // namespace
 
+// SKVQ_CUDA_MMA=0 in the environment selects the float32 CUDA-core kernel instead.
+bool mma_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("SKVQ_CUDA_MMA");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return on;
+}
+
 int choose_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   int sms = 132;
@@ -564,17 +856,20 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   gen.ws_m = p.ws_m, gen.ws_l = p.ws_l, gen.ws_acc = p.ws_acc, gen.splits = p.splits;
   if (!fast) gen = p;
   const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
-  auto both = [&](auto fast_launch, auto gen_launch) {
-    if (fast) fast_launch(p, fast_splits, stream);
+  // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
+  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
+  auto both = [&](auto fast_launch, auto mma_launch, auto gen_launch) {
+    if (mma) mma_launch(p, fast_splits, stream);
+    else if (fast) fast_launch(p, fast_splits, stream);
     if (!fast || gen.n_ranges > 0) gen_launch(gen, stream);
   };
   if (dense) launch_rows<2, 2, true>(p, stream);
-  else if (kb == 2 && vb == 2) both(launch_fast_rows<2, 2>, launch_rows<2, 2, false>);
-  else if (kb == 4 && vb == 4) both(launch_fast_rows<4, 4>, launch_rows<4, 4, false>);
-  else if (kb == 8 && vb == 8) both(launch_fast_rows<8, 8>, launch_rows<8, 8, false>);
-  else if (kb == 1 && vb == 1) both(launch_fast_rows<1, 1>, launch_rows<1, 1, false>);
-  else if (kb == 4 && vb == 2) both(launch_fast_rows<4, 2>, launch_rows<4, 2, false>);
-  else if (kb == 8 && vb == 4) both(launch_fast_rows<8, 4>, launch_rows<8, 4, false>);
+  else if (kb == 2 && vb == 2) both(launch_fast_rows<2, 2>, launch_mma_rows<2, 2>, launch_rows<2, 2, false>);
+  else if (kb == 4 && vb == 4) both(launch_fast_rows<4, 4>, launch_mma_rows<4, 4>, launch_rows<4, 4, false>);
+  else if (kb == 8 && vb == 8) both(launch_fast_rows<8, 8>, launch_mma_rows<8, 8>, launch_rows<8, 8, false>);
+  else if (kb == 1 && vb == 1) both(launch_fast_rows<1, 1>, launch_mma_rows<1, 1>, launch_rows<1, 1, false>);
+  else if (kb == 4 && vb == 2) both(launch_fast_rows<4, 2>, launch_mma_rows<4, 2>, launch_rows<4, 2, false>);
+  else if (kb == 8 && vb == 4) both(launch_fast_rows<8, 4>, launch_mma_rows<8, 4>, launch_rows<8, 4, false>);
   else {
     cudaFreeAsync(ws, stream);
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +

@@ -10,6 +10,7 @@ namespace skvq::cuda {
 // Split-K attention + combine; out [B, Hq, Sq, D] fp32 (device).
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
 int choose_splits(const AttnParams& p, int requested);
+bool mma_enabled();
 
 // Flush parameters: n_chunks whole windows of fp16 rows read from `src`
 // ([B, H, src_tokens, D], token t of the window c at row first + c * window + t).
