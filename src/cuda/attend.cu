@@ -579,12 +579,24 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
       for (int n = 0; n < 2; ++n) sacc[g][n][0] = sacc[g][n][1] = sacc[g][n][2] = sacc[g][n][3] = 0.0f;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const unsigned* krow = reinterpret_cast<const unsigned*>(stage + lay.kc + (l0 + 8 * n + gid) * p.k.row_bytes);
+      unsigned kw[kRowWordsK];  // the token's whole row, compile-time indexed
+      const uint4* src = reinterpret_cast<const uint4*>(stage + lay.kc + (l0 + 8 * n + gid) * p.k.row_bytes);
+#pragma unroll
+      for (int v = 0; v < kRowWordsK / 4; ++v) {
+        const uint4 x = src[v];
+        kw[4 * v] = x.x, kw[4 * v + 1] = x.y, kw[4 * v + 2] = x.z, kw[4 * v + 3] = x.w;
+      }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const int p0 = 8 * i + tig, p1 = 8 * i + 4 + tig;
-        const unsigned b0 = code_pair<KB>(krow[PairMap<KB>::word(p0)], PairMap<KB>::shift(p0));
-        const unsigned b1 = code_pair<KB>(krow[PairMap<KB>::word(p1)], PairMap<KB>::shift(p1));
+        unsigned b0, b1;
+        if constexpr (KB == 8) {  // pairs 8i + tig, 8i + 4 + tig: words 4i + tig / 2 and 4i + 2 + tig / 2
+          b0 = code_pair<KB>(tig >= 2 ? kw[4 * i + 1] : kw[4 * i], 8 * (tig % 2));
+          b1 = code_pair<KB>(tig >= 2 ? kw[4 * i + 3] : kw[4 * i + 2], 8 * (tig % 2));
+        } else {
+          constexpr int kHalf = 16 / KB;  // pairs per word
+          b0 = code_pair<KB>(kw[(8 * i) / kHalf], KB * ((8 * i) % kHalf) + KB * tig);
+          b1 = code_pair<KB>(kw[(8 * i + 4) / kHalf], KB * ((8 * i + 4) % kHalf) + KB * tig);
+        }
         const unsigned a[4] = {qa[i][0], 0u, qa[i][1], 0u};
         const int g = (KB == 1 ? PairMap<KB>::ch_lo(8 * i) : 16 * i) / gsz;
 #pragma unroll
@@ -593,7 +605,6 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
         }
       }
     }
-    (void)kRowWordsK;
     // scores of this lane: row gid, tokens 8n + 2tig + e
     float sc[2][2];
 #pragma unroll
@@ -633,9 +644,20 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
       m = mnew;
     }
     // ---- O += (P * v_scale) V, per value group; lo terms on the side
-    const unsigned* vr[4];  // rows of tokens 2tig, 2tig+1, 2tig+8, 2tig+9
+    // rows of tokens 2tig, 2tig+1, 2tig+8, 2tig+9, compile-time indexed
+    unsigned vw[4][kRowWordsV];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) vr[r] = reinterpret_cast<const unsigned*>(stage + lay.vc + (l0 + 2 * tig + (r & 1) + 8 * (r >> 1)) * p.v.row_bytes);
+    for (int r = 0; r < 4; ++r) {
+      const uint4* src = reinterpret_cast<const uint4*>(stage + lay.vc + (l0 + 2 * tig + (r & 1) + 8 * (r >> 1)) * p.v.row_bytes);
+#pragma unroll
+      for (int v = 0; v < kRowWordsV / 4; ++v) {
+        const uint4 x = src[v];
+        vw[r][4 * v] = x.x, vw[r][4 * v + 1] = x.y, vw[r][4 * v + 2] = x.z, vw[r][4 * v + 3] = x.w;
+      }
+    }
+    // This lane's channel in value tile c is 8c + gid: its byte k in the word and
+    // bit shift depend on gid only (and on c's parity for 2 bits).
+    constexpr int kCpb = 8 / VB;  // codes per byte
 #pragma unroll
     for (int g = 0; g < kMmaMaxGroups; ++g) {
       if (g >= Gv) break;
@@ -649,22 +671,37 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
           lo_acc[g] += pr[n][e] * load_meta(stage + lay.vlo + mo, META);
         }
       const unsigned a[4] = {pack_half2(ps[0][0], ps[0][1]), 0u, pack_half2(ps[1][0], ps[1][1]), 0u};
-      const int c_begin = g * gsz / 8, c_end = min(16, (g + 1) * gsz / 8);
 #pragma unroll
       for (int c = 0; c < 16; ++c) {
-        if (c < c_begin || c >= c_end) continue;
-        const int ch = 8 * c + gid;  // this lane's channel for B (n = gid)
-        constexpr int kCpb = 8 / VB;  // codes per byte
-        const int byte = ch / kCpb, word = byte / 4, k = byte % 4, sh = VB * (ch % kCpb);
-        const unsigned sel = k | (k << 4) | ((k + 4) << 8) | ((k + 4) << 12);
-        const unsigned b0 = code_pair<VB>(__byte_perm(vr[0][word], vr[1][word], sel), sh);
-        const unsigned b1 = code_pair<VB>(__byte_perm(vr[2][word], vr[3][word], sel), sh);
+        if (8 * c / gsz != g) continue;
+        // channel ch = 8c + gid: byte ch / kCpb of the row = word (ch / kCpb) / 4, byte k, shift
+        int word_lo, k, sh;
+        if constexpr (VB == 8) {
+          word_lo = 2 * c;  // word 2c + gid / 4
+          k = gid % 4, sh = 0;
+        } else {
+          word_lo = (8 * c) / (4 * kCpb);
+          k = ((8 * c) % (4 * kCpb) + gid) / kCpb;
+          sh = VB * (gid % kCpb);
+        }
+        const unsigned sel = static_cast<unsigned>(k | (k << 4) | ((k + 4) << 8) | ((k + 4) << 12));
+        unsigned w0, w1, w2, w3;
+        if constexpr (VB == 8) {
+          const bool hi = gid >= 4;
+          w0 = hi ? vw[0][word_lo + 1] : vw[0][word_lo];
+          w1 = hi ? vw[1][word_lo + 1] : vw[1][word_lo];
+          w2 = hi ? vw[2][word_lo + 1] : vw[2][word_lo];
+          w3 = hi ? vw[3][word_lo + 1] : vw[3][word_lo];
+        } else {
+          w0 = vw[0][word_lo], w1 = vw[1][word_lo], w2 = vw[2][word_lo], w3 = vw[3][word_lo];
+        }
+        const unsigned b0 = code_pair<VB>(__byte_perm(w0, w1, sel), sh);
+        const unsigned b1 = code_pair<VB>(__byte_perm(w2, w3, sel), sh);
         float cc[4] = {o[c][0], o[c][1], 0.0f, 0.0f};
         mma16816(cc, a, b0, b1);
         o[c][0] = cc[0], o[c][1] = cc[1];
       }
     }
-    (void)kRowWordsV;
     __syncthreads();
   }
   // ---- merge the 4 warps: per row gid: m, l (quad sums), o + lo terms
