@@ -19,15 +19,15 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 echo "== GPU tests"
 "$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
 grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
-echo "== GPU tests, float32 CUDA-core kernel (SKVQ_CUDA_MMA=0)"
-SKVQ_CUDA_MMA=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_fp32.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_fp32.txt" | head -n 10
+echo "== GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)"
+SKVQ_CUDA_MMA=1 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_mma.txt" 2>&1
+grep -E "Failure|FAILED|PASSED" "$out/tests_mma.txt" | head -n 10
 echo "== compute-sanitizer memcheck"
 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 3 | tee "$out/memcheck.txt"
 echo "== benchmarks"
 "$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
-SKVQ_CUDA_MMA=0 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_fp32.txt" 2>&1; echo "bench_cuda (fp32 kernel) exit $?"
+SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
 python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
-python3 scripts/gpu_report.py "$out/bench_cuda_fp32.txt" "$out/torch.txt" > "$out/table_fp32.md"
+python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

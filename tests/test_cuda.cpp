@@ -17,12 +17,12 @@ namespace {
   if (!cuda::available()) GTEST_SKIP() << cuda::device_description()
 
 // Relative L2 bound against the float32 CPU reference: float32 kernels land
-// near 1e-6; the tensor-core kernel rounds q and p to fp16 (unit roundoff
-// 2^-11, as FlashAttention does), which moves outputs by about 1e-3 of their
-// size on these random inputs. SKVQ_CUDA_MMA=0 selects the float32 kernel.
+// near 1e-6; the opt-in tensor-core kernel (SKVQ_CUDA_MMA=1) rounds q and p
+// to fp16 (unit roundoff 2^-11, as FlashAttention does), which moves outputs
+// by about 1e-3 of their size on these random inputs.
 double attention_tolerance() {
   const char* e = std::getenv("SKVQ_CUDA_MMA");
-  return (e != nullptr && std::string(e) == "0") ? 1e-5 : 5e-3;
+  return (e != nullptr && std::string(e) == "1") ? 5e-3 : 1e-5;
 }
 
 Config gpu_config(int window, int n_sink, int group, int bk, int bv, MetaType meta, bool reorder = true) {
