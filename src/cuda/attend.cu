@@ -373,6 +373,23 @@ struct FastLayout {  // byte offsets inside one stage
   }
 };
 
+// Starts the 16-byte copies of one 64-token tile (codes and metadata of keys
+// and values; rows t0.. of one slot) into stage `stage` of the ring.
+__device__ __forceinline__ void issue_tile(const AttnParams& p, const FastLayout& lay, unsigned char* ring, std::int64_t bh,
+                                           std::int64_t t0, int stage_index) {
+  const int mb = p.meta_bytes;
+  const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
+  const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
+  unsigned char* stage = ring + stage_index * lay.stage;
+  copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
+  copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
+  const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
+  copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
+  copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
+  copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
+  copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
+}
+
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
@@ -389,19 +406,7 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
   const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
 
-  auto issue = [&](int tile) {
-    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
-    const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
-    const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
-    unsigned char* stage = ring + (tile % kStages) * lay.stage;
-    copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
-    copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
-    const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
-    copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
-    copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
-    copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
-    copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
-  };
+  auto issue = [&](int tile) { issue_tile(p, lay, ring, bh, t_begin + static_cast<std::int64_t>(tile) * kFastTile, tile % kStages); };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue(s);
@@ -543,19 +548,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
   const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
-  auto issue = [&](int tile) {
-    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
-    const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
-    const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
-    unsigned char* stage = ring + (tile % kStages) * lay.stage;
-    copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
-    copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
-    const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
-    copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
-    copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
-    copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
-    copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
-  };
+  auto issue = [&](int tile) { issue_tile(p, lay, ring, bh, t_begin + static_cast<std::int64_t>(tile) * kFastTile, tile % kStages); };
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < n_tiles) issue(s);
