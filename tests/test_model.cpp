@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "model/model.hpp"
 #include "model/runner.hpp"
 #include "test_util.hpp"
@@ -378,6 +380,31 @@ TEST(Model, GenerateSavesAndResumesACache) {
   run(baby().tok.encode(" The end.", false), 20, &t2);
   EXPECT_EQ(resumed, " The end." + t2 + "\n");
   for (const auto& p : {file, out1, out2}) fs::remove(p);
+}
+
+TEST(Model, ConvertAndInspectCommands) {
+  REQUIRE_DATA();
+  const std::string cli = SKVQ_CLI_PATH;
+  const std::string gguf = tmp("c.gguf"), cache = tmp("i.safetensors"), out = tmp("o.txt");
+  const std::string model = (kData / "babyllama/model5000.bin").string();
+  ASSERT_EQ(std::system((cli + " convert --model " + model + " --out " + gguf + " >/dev/null 2>&1").c_str()), 0);
+  // the converted file generates the same text as the original
+  const std::string gen = " generate --prompt 'Once upon a time' -n 40 --model ";
+  ASSERT_EQ(std::system((cli + gen + model + " > " + out + ".a 2>/dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((cli + gen + gguf + " --save-cache " + cache + " > " + out + ".b 2>/dev/null").c_str()), 0);
+  std::ifstream a(out + ".a"), b(out + ".b");
+  const std::string ta((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  const std::string tb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(ta, tb);
+  EXPECT_NE(ta.find(", there was a little girl"), std::string::npos) << ta;
+  ASSERT_EQ(std::system((cli + " inspect " + cache + " --json > " + out + " 2>/dev/null").c_str()), 0);
+  std::ifstream j(out);
+  const auto js = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>()));
+  EXPECT_EQ(js["layers"].size(), 5u);
+  EXPECT_EQ(js["layers"][0]["kind"], "plain");
+  EXPECT_GT(js["layers"][0]["offset"].get<int>(), 40);
+  EXPECT_EQ(js["int_arrays"]["tokens"].get<int>(), js["layers"][0]["offset"].get<int>());
+  for (const auto& f : {gguf, cache, out, out + ".a", out + ".b"}) fs::remove(f);
 }
 
 }  // namespace
