@@ -289,14 +289,13 @@ std::int64_t DeviceCache::bytes_held() const {
 
 std::int64_t DeviceCache::bytes_read_per_step() const {
   const DeviceCacheImpl& d = *impl_;
-  const std::int64_t r = d.cfg.window, sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
+  const std::int64_t sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
   const std::int64_t packed_rows = d.q_end - sinks, live = d.offset - d.q_end;
   std::int64_t b = 0;
   for (const DevSide* s : {&d.k, &d.v}) {
     b += d.B * d.H * packed_rows * (s->row_bytes + 2 * s->G * meta_bytes(d.cfg.metadata));
     b += d.B * d.H * (sinks + live) * s->D * 2;
   }
-  (void)r;
   return b;
 }
 
