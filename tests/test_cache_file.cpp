@@ -7,6 +7,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "skvq/cache_file.hpp"
 #include "test_util.hpp"
@@ -130,6 +132,37 @@ TEST(CacheFile, DamagedOrForeignFilesAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("newer"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load_prompt_cache(temp_path("does_not_exist")), Error);
+}
+
+// Rewrites the safetensors header of `bytes` through `edit` (the checksums
+// cover the data and the skvq metadata, not the tensor table).
+std::vector<std::uint8_t> with_header(const std::vector<std::uint8_t>& bytes,
+                                      const std::function<void(nlohmann::json&)>& edit) {
+  std::uint64_t hl = 0;
+  for (int i = 0; i < 8; ++i) hl |= static_cast<std::uint64_t>(bytes[static_cast<std::size_t>(i)]) << (8 * i);
+  nlohmann::json h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hl));
+  edit(h);
+  const std::string hs = h.dump();
+  std::vector<std::uint8_t> out(8);
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(hs.size() >> (8 * i));
+  out.insert(out.end(), hs.begin(), hs.end());
+  out.insert(out.end(), bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hl), bytes.end());
+  return out;
+}
+
+TEST(CacheFile, NonIntegerOrHugeNumbersAreErrors) {
+  PromptCache a = make_cache(MetaType::fp16, true);
+  feed(a, 0, 40);
+  const auto good = prompt_cache_bytes(a);
+  EXPECT_NO_THROW(load_prompt_cache_bytes(with_header(good, [](nlohmann::json&) {})));
+  // found by the fuzzer: a float where an integer belongs (1e44 does not fit any integer type)
+  for (const nlohmann::json& bad : {nlohmann::json(1e44), nlohmann::json(3.5), nlohmann::json(-1), nlohmann::json("7"),
+                                    nlohmann::json(18446744073709551615ULL)}) {
+    const auto b1 = with_header(good, [&](nlohmann::json& h) { h["l0.keys.codes"]["data_offsets"][1] = bad; });
+    EXPECT_THROW(load_prompt_cache_bytes(b1), Error) << bad.dump();
+    const auto b2 = with_header(good, [&](nlohmann::json& h) { h["l0.keys.codes"]["shape"][0] = bad; });
+    EXPECT_THROW(load_prompt_cache_bytes(b2), Error) << bad.dump();
+  }
 }
 
 TEST(CacheFile, KilledSaveLeavesPreviousFileIntact) {

@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
+#include <type_traits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -187,6 +189,28 @@ void write_plain(Writer& w, const std::string& pre, const PlainCache& c, json& l
 
 // ---- reading ----
 
+// JSON integers only: nlohmann converts floats to integers with undefined
+// behaviour when out of range, so every integer read checks the type first.
+std::vector<std::int64_t> int_list(const json& j, const std::string& what) {
+  if (!j.is_array()) throw Error("skvq: cache file: " + what + " is not a list");
+  std::vector<std::int64_t> out;
+  for (const auto& e : j) {
+    if (!e.is_number_integer()) throw Error("skvq: cache file: " + what + " holds a non-integer " + e.dump());
+    if (e.is_number_unsigned() && e.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+      throw Error("skvq: cache file: " + what + " holds an out-of-range " + e.dump());
+    }
+    out.push_back(e.get<std::int64_t>());
+  }
+  return out;
+}
+
+std::int64_t int_value(const json& j, const std::string& what) {
+  if (!j.is_number_integer() || (j.is_number_unsigned() && j.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))) {
+    throw Error("skvq: cache file: " + what + " is not an integer: " + j.dump());
+  }
+  return j.get<std::int64_t>();
+}
+
 struct Reader {
   std::span<const std::uint8_t> data;
   json header;
@@ -210,12 +234,13 @@ struct Reader {
     if ((*t)["dtype"] != dtype) {
       throw Error("skvq: cache file: tensor '" + name + "' has dtype " + (*t)["dtype"].dump() + ", expected " + dtype);
     }
-    if ((*t)["shape"].get<std::vector<std::int64_t>>() != shape) {
+    if (int_list((*t)["shape"], "tensor '" + name + "' shape") != shape) {
       throw Error("skvq: cache file: tensor '" + name + "' has shape " + (*t)["shape"].dump() + ", expected " +
                   json(shape).dump());
     }
-    const auto off = (*t)["data_offsets"].get<std::vector<std::uint64_t>>();
-    if (off.size() != 2 || off[0] > off[1] || off[1] > data.size() || off[1] - off[0] != expect_bytes) {
+    const auto off = int_list((*t)["data_offsets"], "tensor '" + name + "' data_offsets");
+    if (off.size() != 2 || off[0] < 0 || off[0] > off[1] || static_cast<std::uint64_t>(off[1]) > data.size() ||
+        static_cast<std::uint64_t>(off[1] - off[0]) != expect_bytes) {
       throw Error("skvq: cache file: tensor '" + name + "' data offsets " + (*t)["data_offsets"].dump() +
                   " are inconsistent with its shape or the file size");
     }
@@ -226,6 +251,9 @@ struct Reader {
 template <typename T>
 T field(const json& j, const char* name) {
   if (!j.contains(name)) throw Error(std::string("skvq: cache file: layer field '") + name + "' is missing");
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    return static_cast<T>(int_value(j[name], std::string("layer field '") + name + "'"));
+  }
   try {
     return j[name].get<T>();
   } catch (const json::exception&) {
@@ -241,7 +269,7 @@ Config config_from_json(const json& j) {
     if (v.is_null()) text = "none";
     else if (v.is_string()) text = v.get<std::string>();
     else if (v.is_boolean()) text = v.get<bool>() ? "true" : "false";
-    else if (v.is_number_integer()) text = std::to_string(v.get<std::int64_t>());
+    else if (v.is_number_integer()) text = std::to_string(int_value(v, "config field '" + k + "'"));
     else if (v.is_number()) {
       char buf[64];
       std::snprintf(buf, sizeof buf, "%.9g", v.get<double>());
@@ -277,13 +305,21 @@ std::unique_ptr<LayerCache> read_skvq(const Reader& rd, const std::string& pre, 
   const std::int64_t dv = field<std::int64_t>(lj, "value_head_dim");
   const std::int64_t r = cfg.window;
   const std::int64_t limit = std::int64_t{1} << 40;
-  if (st.batch < 1 || st.heads < 1 || st.batch * st.heads > (1 << 24) || dv < 1 || dv > (1 << 16) || st.offset < 1 ||
+  if (st.batch < 1 || st.heads < 1 || st.batch > (1 << 24) || st.heads > (1 << 24) || st.batch * st.heads > (1 << 24) || dv < 1 || dv > (1 << 16) || st.offset < 1 ||
       st.offset > limit || st.q_end < 0 || st.q_end % r != 0 || st.q_end > st.offset || st.offset - st.q_end >= r ||
       st.tokens_seen < st.offset || st.fp16_key_bytes < 0 || st.fp16_value_bytes < 0 ||
       (cfg.max_ctx && st.offset > *cfg.max_ctx)) {
     throw Error("skvq: cache file: layer counters are inconsistent (batch " + std::to_string(st.batch) + ", heads " +
                 std::to_string(st.heads) + ", offset " + std::to_string(st.offset) + ", q_end " +
                 std::to_string(st.q_end) + ")");
+  }
+  // Bounds that keep every size product below 2^62 and loops proportional to the file.
+  if (cfg.head_dim > (1 << 16) || cfg.window > (1 << 24) || cfg.group_size > (1 << 16) ||
+      static_cast<double>(st.batch * st.heads) * cfg.window * static_cast<double>(std::max<std::int64_t>(cfg.head_dim, dv)) >
+          static_cast<double>(std::int64_t{1} << 40) ||
+      st.q_end / cfg.window > static_cast<std::int64_t>(rd.data.size())) {
+    throw Error("skvq: cache file: layer sizes (head_dim " + std::to_string(cfg.head_dim) + ", window " +
+                std::to_string(cfg.window) + ", q_end " + std::to_string(st.q_end) + ") do not fit the file");
   }
   st.k.head_dim = cfg.head_dim;
   st.k.bits = cfg.bits_key;
@@ -400,8 +436,11 @@ std::unique_ptr<LayerCache> read_plain(const Reader& rd, const std::string& pre,
   const auto B = field<std::int64_t>(lj, "batch"), H = field<std::int64_t>(lj, "heads");
   const auto dk = field<std::int64_t>(lj, "head_dim"), dv = field<std::int64_t>(lj, "value_head_dim");
   const auto off = field<std::int64_t>(lj, "offset"), seen = field<std::int64_t>(lj, "tokens_seen");
-  if (B < 1 || H < 1 || dk < 1 || dv < 1 || off < 0 || seen < off || B * H > (1 << 24) || dk > (1 << 16) ||
-      dv > (1 << 16) || off > (std::int64_t{1} << 32) || (mc && off > *mc)) {
+  if (B < 1 || H < 1 || dk < 1 || dv < 1 || off < 0 || seen < off || B > (1 << 24) || H > (1 << 24) || B * H > (1 << 24) || dk > (1 << 16) ||
+      dv > (1 << 16) || off > (std::int64_t{1} << 32) || (mc && off > *mc) ||
+      static_cast<double>(B * H) * static_cast<double>(off) * static_cast<double>(dk + dv) *
+              static_cast<double>(dtype_size(dt)) >
+          static_cast<double>(rd.data.size()) + 1.0) {
     throw Error("skvq: cache file: plain layer counters are inconsistent");
   }
   const std::size_t es = dtype_size(dt);
@@ -491,7 +530,7 @@ PromptCache load_prompt_cache_bytes(std::span<const std::uint8_t> bytes, CacheFi
       if (meta.contains("int_arrays")) {
         for (const auto& a : meta["int_arrays"]) {
           const auto name = a.at("name").get<std::string>();
-          const auto n = a.at("size").get<std::int64_t>();
+          const auto n = int_value(a.at("size"), "extra array size");
           if (n < 0 || n > (std::int64_t{1} << 32)) throw Error("skvq: cache file: extra array size is malformed");
           const auto b = rd.get(std::string("x.") + name, "I32", {n}, static_cast<std::size_t>(n) * 4);
           std::vector<std::int32_t> v(static_cast<std::size_t>(n));
