@@ -231,13 +231,42 @@ __device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a 
   return v;
 }
 
+// Merges n_parts partial softmax states per query row (max m, sum l, acc[kD])
+// held in shared memory as [part][row] and writes one partial per row of
+// this block to the workspace slot `out_split`.
+__device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, int n_parts,
+                                             int rows, const float* pm, const float* pl, const float* pacc) {
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  for (int e = threadIdx.x; e < rows * kD; e += blockDim.x) {
+    const int n = e / kD, j = e % kD;
+    const int row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int g = 0; g < n_parts; ++g) M = fmaxf(M, pm[g * rows + n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int g = 0; g < n_parts; ++g) {
+        const float w = fast_exp2(pm[g * rows + n] - M);
+        L += pl[g * rows + n] * w;
+        A += pacc[(g * rows + n) * kD + j] * w;
+      }
+    }
+    const int gq = row / p.Sq, i = row % p.Sq;
+    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
+    if (j == 0) {
+      p.ws_m[qrow * p.splits + out_split] = M;
+      p.ws_l[qrow * p.splits + out_split] = L;
+    }
+    p.ws_acc[(qrow * p.splits + out_split) * kD + j] = A;
+  }
+}
+
 // Merges the block's 16 groups (each its own max, sum, accumulators) in
 // shared memory and writes one partial (max, sum, acc in the values' permuted
 // order) per query row to the workspace.
 template <int NQ, int VB>
 __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int out_split, int b, int h, int lane, int grp,
                                               const GroupState<NQ, VB>& st) {
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
   __shared__ float sm_acc[kGroups][NQ][kD];
 #pragma unroll
@@ -249,28 +278,7 @@ __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < NQ * kD; e += kThreads) {
-    const int n = e / kD, j = e % kD;
-    const int row = row0 + n;
-    if (row >= n_rows) continue;
-    float M = -INFINITY;
-    for (int g = 0; g < kGroups; ++g) M = fmaxf(M, sm_m[g][n]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int g = 0; g < kGroups; ++g) {
-        const float w = fast_exp2(sm_m[g][n] - M);
-        L += sm_l[g][n] * w;
-        A += sm_acc[g][n][j] * w;
-      }
-    }
-    const int gq = row / p.Sq, i = row % p.Sq;
-    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
-    if (j == 0) {
-      p.ws_m[qrow * p.splits + out_split] = M;
-      p.ws_l[qrow * p.splits + out_split] = L;
-    }
-    p.ws_acc[(qrow * p.splits + out_split) * kD + j] = A;
-  }
+  store_merged(p, b, h, row0, out_split, kGroups, NQ, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
 }
 
 template <int KB, int VB, int NQ, bool DENSE>
@@ -718,27 +726,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
       wo[warp][gid][ch] = o[c][e] + lo_g;
     }
   __syncthreads();
-  for (int e = threadIdx.x; e < 8 * kD; e += kThreads) {
-    const int n = e / kD, j = e % kD, row = row0 + n;
-    if (row >= n_rows) continue;
-    float M = -INFINITY;
-    for (int w = 0; w < 4; ++w) M = fmaxf(M, wm[w][n]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int w = 0; w < 4; ++w) {
-        const float f = fast_exp2(wm[w][n] - M);
-        L += wl[w][n] * f;
-        A += wo[w][n][j] * f;
-      }
-    }
-    const int gq2 = row / p.Sq, i2 = row % p.Sq;
-    const std::int64_t qrow_i = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq2) * p.Sq + i2;
-    if (j == 0) {
-      p.ws_m[qrow_i * p.splits + split] = M;
-      p.ws_l[qrow_i * p.splits + split] = L;
-    }
-    p.ws_acc[(qrow_i * p.splits + split) * kD + j] = A;
-  }
+  store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
 template <int KB, int VB>
