@@ -130,8 +130,7 @@ void flush_side(SkvqState& st, Side& s) {
   const std::int64_t es = st.esize();
   if (first && cfg.reorder) compute_perms(st, s);
 
-  // Gather the rows to quantize as float32, permuted and padded.
-  // Scratch, written in full below, kept per thread across flushes (no zero-filling, no page faults).
+  // The rows to quantize as float32; the quantizer gathers them permuted and padded.
   const std::size_t n_x = static_cast<std::size_t>(BH * nq * P), n_meta = static_cast<std::size_t>(BH * nq * G);
   thread_local Scratch scratch;
   scratch.reserve(n_x, n_meta);
@@ -139,22 +138,17 @@ void flush_side(SkvqState& st, Side& s) {
   float* const lo = scratch.lo.get();
   float* const scale = scratch.scale.get();
   std::uint8_t* const codes = scratch.codes.get();
-  std::vector<float> row(static_cast<std::size_t>(D));
   for (std::int64_t bh = 0; bh < BH; ++bh) {
-    const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
-    for (std::int64_t i = 0; i < nq; ++i) {
-      float* xr = x + (bh * nq + i) * P;
-      cpu::load_row_f32(s.tail.data() + (bh * r + skip + i) * D * es, st.dtype, D, perm ? row.data() : xr);
-      if (perm) {  // a scalar loop: hardware gathers were slower here (AMD EPYC)
-        for (std::int64_t j = 0; j < D; ++j) xr[j] = row[static_cast<std::size_t>(perm[j])];
-      }
-      for (std::int64_t j = D; j < P; ++j) xr[j] = xr[D - 1];
-    }
+    cpu::load_row_f32(s.tail.data() + (bh * r + skip) * D * es, st.dtype, nq * D, x + bh * nq * D);
   }
   const std::vector<float> grid = cfg.clip_grid();
   QuantParams qp;
   qp.x = x;
   qp.n_rows = BH * nq;
+  qp.dim = static_cast<int>(D);
+  qp.perm = s.perm.empty() ? nullptr : s.perm.data();
+  qp.rows_per_perm = nq;
+  qp.n_perms = static_cast<int>(st.heads);
   qp.padded_dim = P;
   qp.group_size = g;
   qp.bits = s.bits;

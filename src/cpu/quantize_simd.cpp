@@ -63,9 +63,18 @@ void QuantizeRows(const QuantParams& p) {
 
   for (std::int64_t r0 = 0; r0 < p.n_rows; r0 += static_cast<std::int64_t>(L)) {
     const std::size_t nb = static_cast<std::size_t>(std::min<std::int64_t>(L, p.n_rows - r0));
-    for (std::size_t l = 0; l < L; ++l) {  // idle lanes repeat the last row
-      const float* row = p.x + (r0 + static_cast<std::int64_t>(std::min(l, nb - 1))) * P;
-      for (int j = 0; j < P; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[j];
+    const int D = p.row_dim();
+    for (std::size_t l = 0; l < L; ++l) {  // idle lanes repeat the last row; gather permuted and padded
+      const std::int64_t r = r0 + static_cast<std::int64_t>(std::min(l, nb - 1));
+      const float* row = p.x + r * D;
+      const std::int32_t* perm = p.row_perm(r);
+      if (perm) {
+        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[perm[j]];
+      } else {
+        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[j];
+      }
+      const float last = xt[static_cast<std::size_t>(D - 1) * L + l];
+      for (int j = D; j < P; ++j) xt[static_cast<std::size_t>(j) * L + l] = last;
     }
     for (int k = 0; k < G; ++k) {
       const float* grp = xt.get() + static_cast<std::size_t>(k) * g * L;

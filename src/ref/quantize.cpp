@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ref/meta.hpp"
 
@@ -58,11 +59,19 @@ void quantize_group(const float* x, int g, int bits, const float* grid, int n_gr
 void quantize_rows(const QuantParams& p) {
   const int g = p.group_size;
   const int G = p.padded_dim / g;
+  const int D = p.row_dim();
+  std::vector<float> xp(static_cast<std::size_t>(p.padded_dim));
   for (std::int64_t r = 0; r < p.n_rows; ++r) {
+    const float* row = p.x + r * D;
+    const std::int32_t* perm = p.row_perm(r);
+    for (int j = 0; j < p.padded_dim; ++j) {
+      const int c = j < D ? j : D - 1;
+      xp[static_cast<std::size_t>(j)] = row[perm ? perm[c] : c];
+    }
     for (int k = 0; k < G; ++k) {
       const std::int64_t e = r * p.padded_dim + static_cast<std::int64_t>(k) * g;
-      quantize_group(p.x + e, g, p.bits, p.grid, p.n_grid, p.meta, p.codes + e, p.lo + r * G + k,
-                     p.scale + r * G + k);
+      quantize_group(xp.data() + static_cast<std::size_t>(k) * g, g, p.bits, p.grid, p.n_grid, p.meta, p.codes + e,
+                     p.lo + r * G + k, p.scale + r * G + k);
     }
   }
 }
