@@ -1,7 +1,7 @@
 // Benchmarks of the layer cache (issue 2): flush throughput (SIMD vs scalar
 // reference, side by side), the decode-step cost of update_and_fetch as the
 // context grows, and bytes held by the packed-only store vs fp16.
-// Usage: bench_cache [--quick]
+// Usage: bench_cache [--quick | --flush]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -169,7 +169,9 @@ void bytes_table(bool quick) {
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool flush_only = argc > 1 && std::strcmp(argv[1], "--flush") == 0;
   flush_table(quick);
+  if (flush_only) return 0;
   kernel_table(quick);
   decode_table(quick);
   bytes_table(quick);

@@ -55,8 +55,13 @@ void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte
                std::int64_t cap, std::int64_t row0) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(src.dtype));
+  const bool rows_contiguous = src.strides[3] == 1 && src.strides[2] == D;
   for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t h = 0; h < H; ++h) {
+      if (rows_contiguous) {  // the n rows of (b, h) are one block in both
+        std::memcpy(dst + (((b * H + h) * cap) + row0) * D * es, src.ptr(b, h, t0, 0), static_cast<std::size_t>(n * D * es));
+        continue;
+      }
       for (std::int64_t i = 0; i < n; ++i) {
         std::byte* out = dst + (((b * H + h) * cap) + row0 + i) * D * es;
         if (src.strides[3] == 1) {
@@ -65,6 +70,7 @@ void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte
           for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, src.ptr(b, h, t0 + i, d), es);
         }
       }
+    }
 }
 
 // Stable sort of channels by ascending range (max - min over the chunk's B*r

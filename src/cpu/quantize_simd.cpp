@@ -93,6 +93,11 @@ void QuantizeRows(const QuantParams& p) {
         V lo = hn::Sub(mid, hn::Mul(t, half));
         V scale = hn::Max(hn::Div(t, levels), floor_scale);
         RoundMeta(d, p.meta, lo, scale);  // what is stored is what is scored
+        if (p.n_grid == 1) {  // a single clip factor is chosen whatever its error: skip scoring it
+          best_lo = lo;
+          best_scale = scale;
+          break;
+        }
         V err = zero;
         for (int s = 0; s < g; ++s) {
           const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);

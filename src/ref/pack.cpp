@@ -28,7 +28,8 @@ void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_
         x = (x | (x >> (8 - bits))) & m16;        // pairs: 2 * bits in each 16-bit lane
         x = (x | (x >> (16 - 2 * bits))) & m32;   // quads: 4 * bits in each 32-bit lane
         x = x | (x >> (32 - 4 * bits));           // octet: 8 * bits in the low bits
-        for (int k = 0; k < bits; ++k) out[k] = static_cast<std::uint8_t>(out[k] | ((x >> (8 * k)) & 0xffu));
+        // The covered bytes are zero (the contract), so storing equals OR-ing.
+        std::memcpy(out, &x, static_cast<std::size_t>(bits));
         out += bits;
       }
     }
