@@ -398,6 +398,41 @@ __device__ __forceinline__ void issue_tile(const AttnParams& p, const FastLayout
   copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
 }
 
+// The tiles of one block's token range [t_begin, t_end) in the packed body,
+// streamed through the kStages-deep shared-memory ring: start() fills the
+// first stages; acquire(tile) waits for a tile, starts the copy of the one
+// kStages - 1 ahead and returns the tile's stage.
+struct TileStream {
+  const AttnParams& p;
+  const FastLayout& lay;
+  unsigned char* ring;
+  std::int64_t bh, t_begin, t_end;
+  int n_tiles;
+
+  __device__ TileStream(const AttnParams& p_, const FastLayout& lay_, unsigned char* ring_, std::int64_t bh_, int split)
+      : p(p_), lay(lay_), ring(ring_), bh(bh_) {
+    t_begin = static_cast<std::int64_t>(split) * p.split_len;
+    t_end = min(p.q_end, t_begin + p.split_len);
+    n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
+  }
+  __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * kFastTile; }
+  __device__ void issue(int tile) const { issue_tile(p, lay, ring, bh, first_token(tile), tile % kStages); }
+  __device__ void start() const {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < n_tiles) issue(s);
+      cp_async_commit();
+    }
+  }
+  __device__ const unsigned char* acquire(int tile) const {
+    cp_async_wait_stages();
+    __syncthreads();
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    cp_async_commit();
+    return ring + (tile % kStages) * lay.stage;
+  }
+};
+
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
@@ -410,23 +445,11 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   const int kgrp = (lane * kCPL) / p.group;
-  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
-  const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
-  const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
-
-  auto issue = [&](int tile) { issue_tile(p, lay, ring, bh, t_begin + static_cast<std::int64_t>(tile) * kFastTile, tile % kStages); };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) issue(s);
-    cp_async_commit();
-  }
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait_stages();
-    __syncthreads();
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
-    cp_async_commit();
-    const unsigned char* stage = ring + (tile % kStages) * lay.stage;
-    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile;
+  const TileStream tiles(p, lay, ring, bh, split);
+  tiles.start();
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile);
 #pragma unroll
     for (int u0 = 0; u0 < kTile; u0 += kSub) {
       float s[kSub][NQ];
@@ -553,23 +576,12 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   for (int c = 0; c < 16; ++c) o[c][0] = o[c][1] = 0.0f;
   float m = -INFINITY, l = 0.0f, lo_acc[kMmaMaxGroups] = {0, 0, 0, 0};
 
-  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
-  const std::int64_t t_end = min(p.q_end, t_begin + p.split_len);
-  const int n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
-  auto issue = [&](int tile) { issue_tile(p, lay, ring, bh, t_begin + static_cast<std::int64_t>(tile) * kFastTile, tile % kStages); };
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) issue(s);
-    cp_async_commit();
-  }
+  const TileStream tiles(p, lay, ring, bh, split);
+  tiles.start();
   constexpr int kRowWordsK = 128 * KB / 32, kRowWordsV = 128 * VB / 32;
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    cp_async_wait_stages();
-    __syncthreads();
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
-    cp_async_commit();
-    const unsigned char* stage = ring + (tile % kStages) * lay.stage;
-    const std::int64_t t0 = t_begin + static_cast<std::int64_t>(tile) * kFastTile + 16 * warp;  // this warp's 16 tokens
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile) + 16 * warp;  // this warp's 16 tokens
     const int l0 = 16 * warp;  // their first row in the stage
 
     // ---- S = Q K^T, one accumulator set per key group; two n-tiles of 8 tokens
