@@ -11,8 +11,11 @@
 #include "cpu/attend_simd.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.hpp"
@@ -101,6 +104,26 @@ void LoadExact(const std::byte* p, DType dt, std::int64_t n, float* out) {
   load_row_f32(p + j * static_cast<std::int64_t>(dtype_size(dt)), dt, n - j, out + j);
 }
 
+// n metadata values of lo and scale -> float.
+void LoadMeta(const std::uint8_t* lo, const std::uint8_t* sc, MetaType meta, std::int64_t n, float* lo_f, float* sc_f) {
+  switch (meta) {
+    case MetaType::fp16:
+      LoadExact(reinterpret_cast<const std::byte*>(lo), DType::f16, n, lo_f);
+      LoadExact(reinterpret_cast<const std::byte*>(sc), DType::f16, n, sc_f);
+      break;
+    case MetaType::fp32:
+      std::memcpy(lo_f, lo, static_cast<std::size_t>(n) * 4);
+      std::memcpy(sc_f, sc, static_cast<std::size_t>(n) * 4);
+      break;
+    case MetaType::fp8_e4m3:
+      for (std::int64_t e = 0; e < n; ++e) {
+        lo_f[e] = ref::e4m3_decode(lo[e]);
+        sc_f[e] = ref::e4m3_decode(sc[e]);
+      }
+      break;
+  }
+}
+
 // row[j] = row[j] * scale[k] + lo[k] for permuted channel j in group k.
 void Dequant(float* row, std::int64_t D, int g, const std::uint8_t* lo, const std::uint8_t* sc, MetaType meta) {
   const DF d;
@@ -187,22 +210,7 @@ bool DecodeBlock(const AttendParams& p, int side, std::int64_t b, std::int64_t h
     }
     return true;
   }
-  switch (st.cfg.metadata) {
-    case MetaType::fp16:
-      LoadExact(reinterpret_cast<const std::byte*>(lo), DType::f16, nm, lo_f);
-      LoadExact(reinterpret_cast<const std::byte*>(sc), DType::f16, nm, sc_f);
-      break;
-    case MetaType::fp32:
-      std::memcpy(lo_f, lo, static_cast<std::size_t>(nm) * 4);
-      std::memcpy(sc_f, sc, static_cast<std::size_t>(nm) * 4);
-      break;
-    case MetaType::fp8_e4m3:
-      for (std::int64_t e = 0; e < nm; ++e) {
-        lo_f[e] = ref::e4m3_decode(lo[e]);
-        sc_f[e] = ref::e4m3_decode(sc[e]);
-      }
-      break;
-  }
+  LoadMeta(lo, sc, st.cfg.metadata, nm, lo_f, sc_f);
   // Lane i of a vector of L codes takes byte (i * bits) / 8 of the vector's
   // bytes, shifted right by (i * bits) % 8 (codes never straddle bytes here).
   const hn::RebindToUnsigned<DF> du;
@@ -254,80 +262,529 @@ struct Partial {  // per task and query row
   float* acc_p;  // [nq][Dvp] values' permuted order
 };
 
+// ---------------------------------------------------------------------------
+// Fused packed path: scores and value sums straight from the code words, no
+// float rows. A 32-bit word of the stream holds cpl = 32/bits codes of one
+// row (rows are whole words: D * bits % 32 == 0), so a vector of N words is
+// N/R rows (R = words per row) or 1/P of one (P = R/N phases). Code k of
+// every word is moved to the top of a float mantissa under exponent 0 (one
+// shift, one and-or): f = 1 + c / 2^bits, so x = lo + scale * c = lot + sct * f
+// with sct = scale * 2^bits and lot = lo - sct. Then, per word,
+//   q . x = sct * (q . f) + lot * sum(q)          (one FMA per N codes)
+//   sum_t p_t x_t = sum_t (p_t sct_t) f_t + sum_t p_t lot_t
+// Scores sum a row's words; value sums are folded into channels at the end.
+// ---------------------------------------------------------------------------
+
+// Tokens per block of the fused path.
+constexpr std::int64_t kFused = 64;
+
+using DU = hn::RebindToUnsigned<DF>;
+using VU = hn::Vec<DU>;
+
+struct FusedPlan {
+  bool ok = false;
+  int bits = 0;
+  std::int64_t cpl = 0;  // codes per 32-bit word
+  std::int64_t R = 0;    // words per row
+  std::int64_t lpg = 0;  // words per group
+  std::int64_t G = 0;    // groups per row
+  std::int64_t P = 1;    // vectors per row when R >= N
+  std::int64_t Lp = 0;   // lanes of the per-group value accumulator: max(N, G)
+  std::int64_t slots() const { return cpl * P; }
+};
+
+bool Nested(std::int64_t a, std::int64_t b) { return a % b == 0 || b % a == 0; }
+
+FusedPlan PlanFused(const AttendParams& p, int side, std::int64_t N) {
+  FusedPlan f;
+  if (p.st == nullptr) return f;
+  const detail::Side& s = side == 0 ? p.st->k : p.st->v;
+  const std::int64_t D = s.head_dim, g = p.st->cfg.group_size;
+  f.bits = s.bits;
+  if (f.bits != 1 && f.bits != 2 && f.bits != 4 && f.bits != 8) return f;
+  if ((D * f.bits) % 32 != 0) return f;
+  f.cpl = 32 / f.bits;
+  f.R = D * f.bits / 32;
+  if (g % f.cpl != 0 || D % g != 0) return f;
+  f.lpg = g / f.cpl;
+  f.G = D / g;
+  if (!Nested(f.R, N) || !Nested(f.lpg, N) || !Nested(f.G, N)) return f;
+  f.P = f.R >= N ? f.R / N : 1;
+  f.Lp = std::max(N, f.G);
+  f.ok = true;
+  return f;
+}
+
+// Code K of every word of w as 1 + c / 2^BITS.
+template <int BITS, int K>
+HWY_INLINE VF CodeAsMantissa(VU w) {
+  const DU du;
+  constexpr int kTop = 23 - BITS, kShift = K * BITS - kTop;
+  VU x;
+  if constexpr (kShift >= 0) {
+    x = hn::ShiftRight<kShift>(w);
+  } else {
+    x = hn::ShiftLeft<-kShift>(w);
+  }
+#if HWY_TARGET <= HWY_AVX3
+  // (x & mask) | one with x as the destination (OrAnd would overwrite, hence copy, a constant)
+  return hn::BitCast(DF(), VU{_mm512_ternarylogic_epi32(x.raw, hn::Set(du, ((1u << BITS) - 1u) << kTop).raw,
+                                                        hn::Set(du, 0x3F800000u).raw, 0xEA)});
+#else
+  return hn::BitCast(DF(), hn::OrAnd(hn::Set(du, 0x3F800000u), x, hn::Set(du, ((1u << BITS) - 1u) << kTop)));
+#endif
+}
+
+// sum over k of qp[k * kstride + lane] * f_k(w)
+template <int BITS, std::size_t... K>
+HWY_INLINE VF WordDot(VU w, const float* qp, std::int64_t kstride, std::index_sequence<K...>) {
+  const DF d;
+  VF a[2] = {hn::Zero(d), hn::Zero(d)};
+  ((a[K % 2] = hn::MulAdd(hn::Load(d, qp + static_cast<std::int64_t>(K) * kstride), CodeAsMantissa<BITS, K>(w), a[K % 2])), ...);
+  return hn::Add(a[0], a[1]);
+}
+
+// acc[k] += wt * f_k(w)
+template <int BITS, std::size_t... K>
+HWY_INLINE void WordAxpy(VU w, VF wt, VF* acc, std::index_sequence<K...>) {
+  ((acc[K] = hn::MulAdd(wt, CodeAsMantissa<BITS, K>(w), acc[K])), ...);
+}
+
+// Lane l of vector v of a stream in which every source element covers `per`
+// lanes: src[(v * N + l) / per]. per divides N or N divides per; src is
+// readable N elements past the last one used.
+struct Expander {
+  std::int64_t per;
+  int shift = -1;  // log2(per) when per is a power of two (always when per <= N)
+  hn::Vec<hn::RebindToSigned<DF>> idx;
+  Expander(std::int64_t per_lanes, std::int64_t N) : per(per_lanes) {
+    const hn::RebindToSigned<DF> di;
+    std::int32_t tmp[64] = {};
+    for (std::int64_t l = 0; l < N && per < N; ++l) tmp[l] = static_cast<std::int32_t>(l / per);
+    idx = hn::LoadU(di, tmp);
+    if ((per & (per - 1)) == 0) shift = std::countr_zero(static_cast<std::uint64_t>(per));
+  }
+  HWY_INLINE std::int64_t First(std::int64_t v, std::int64_t N) const { return shift >= 0 ? (v * N) >> shift : v * N / per; }
+  HWY_INLINE VF operator()(const float* src, std::int64_t v) const {
+    const DF d;
+    const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+    if (per >= N) return hn::Set(d, src[First(v, N)]);
+    if (per == 1) return hn::LoadU(d, src + v * N);
+    return hn::TableLookupLanes(hn::LoadU(d, src + First(v, N)), hn::IndicesFromVec(d, idx));
+  }
+};
+
+// Block of packed rows as whole vectors of words; the last, partial vector
+// is read from a zero-padded copy.
+class WordBlock {
+ public:
+  WordBlock(const std::uint8_t* codes, std::int64_t n_words, std::int64_t N)
+      : words_(reinterpret_cast<const std::uint32_t*>(codes)), full_(n_words / N), nvec_((n_words + N - 1) / N) {
+    std::memset(last_, 0, sizeof(last_));
+    if (full_ < nvec_) std::memcpy(last_, words_ + full_ * N, static_cast<std::size_t>((n_words - full_ * N) * 4));
+  }
+  std::int64_t nvec() const { return nvec_; }
+  HWY_INLINE VU operator[](std::int64_t v) const {
+    const DU du;
+    return v < full_ ? hn::LoadU(du, words_ + v * static_cast<std::int64_t>(hn::Lanes(du))) : hn::Load(du, last_);
+  }
+
+ private:
+  const std::uint32_t* words_;
+  std::int64_t full_, nvec_;
+  alignas(64) std::uint32_t last_[64];
+};
+
+// Per-block inputs of one side of the fused path.
+struct FusedBlock {
+  const WordBlock& wb;
+  std::int64_t n;    // rows
+  const float* lot;  // [n * G] (+ N readable)
+  const float* sct;  // [n * G] (+ N readable)
+};
+
+#if HWY_TARGET == HWY_AVX3_DL
+constexpr bool kVnni = true;
+#else
+constexpr bool kVnni = false;
+#endif
+
+// The query of the VNNI path (AVX3_DL): q rounded to qi = round(q / s) with
+// |qi| <= 127 * 256, split into qi = 256 * hi + lo with hi, lo int8, laid out
+// per byte of a vector of words: hi/lo[(m * P + ph) * 4N + byte] multiplies
+// code (byte % 4) * (8 / bits) + m of the word in lane byte / 4 at phase ph.
+struct VnniQuery {
+  const std::int8_t* hi = nullptr;
+  const std::int8_t* lo = nullptr;
+  float step = 0;  // s / 2^bits
+};
+
+// Builds the VNNI query for permuted, scaled q[0..D) into hi/lo buffers of
+// 2 * (8 / bits) * P * 4N bytes' room; returns s.
+float BuildVnniQuery(const FusedPlan& fp, const float* q, std::int64_t D, std::int64_t N, std::int8_t* hi, std::int8_t* lo) {
+  float qmax = 0.0f;
+  for (std::int64_t j = 0; j < D; ++j) qmax = std::max(qmax, std::fabs(q[j]));
+  const float s = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+  const std::int64_t per_byte = 8 / fp.bits;
+  for (std::int64_t m = 0; m < per_byte; ++m)
+    for (std::int64_t ph = 0; ph < fp.P; ++ph)
+      for (std::int64_t byte = 0; byte < 4 * N; ++byte) {
+        const std::int64_t word = (ph * N + byte / 4) % fp.R, code = (byte % 4) * per_byte + m;
+        const float r = std::nearbyint(q[word * fp.cpl + code] / s);
+        const auto qi = static_cast<std::int32_t>(std::clamp(r, -32512.0f, 32512.0f));
+        const std::int32_t h = (qi + 128) >> 8;  // floor division: lo in [-128, 127]
+        const std::int64_t at = (m * fp.P + ph) * 4 * N + byte;
+        hi[at] = static_cast<std::int8_t>(h);
+        lo[at] = static_cast<std::int8_t>(qi - 256 * h);
+      }
+  return s;
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+// acc += dot products of 4 unsigned bytes of x with 4 signed bytes of q per
+// 32-bit lane (AVX512-VNNI; Highway 1.0's AVX3_DL target checks the CPU for it
+// but does not enable it for the compiler, hence the instruction by hand).
+HWY_INLINE __m512i Dpbusd(__m512i acc, __m512i x, __m512i q) {
+  asm("vpdpbusd %[q], %[x], %[acc]" : [acc] "+v"(acc) : [x] "v"(x), [q] "v"(q));
+  return acc;
+}
+
+// sum over the word's codes of q * f as in WordDot, from integer dot products:
+// (256 * sum(hi * c) + sum(lo * c)) * s / 2^bits + sum(q)
+template <int BITS>
+HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64_t mstride, VF qls) {
+  constexpr int kPerByte = 8 / BITS;
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+  const std::int8_t* h = vq.hi + ph * 64;
+  const std::int8_t* l = vq.lo + ph * 64;
+  for (int m = 0; m < kPerByte; ++m) {
+    __m512i x = m == 0 ? w.raw : _mm512_srli_epi32(w.raw, static_cast<unsigned>(m * BITS));
+    if constexpr (BITS < 8) x = _mm512_and_si512(x, mask);
+    ah = Dpbusd(ah, x, _mm512_load_si512(h + m * mstride));
+    al = Dpbusd(al, x, _mm512_load_si512(l + m * mstride));
+  }
+  const DF d;
+  const VF fh{_mm512_cvtepi32_ps(ah)}, fl{_mm512_cvtepi32_ps(al)};
+  return hn::MulAdd(fh, hn::Set(d, 256.0f * vq.step), hn::MulAdd(fl, hn::Set(d, vq.step), qls));
+}
+#endif
+
+// scores[t] = q . x_t for the block's rows. qpat[(k * P + ph) * N + lane]:
+// q of the channel that code k of the word in `lane` at phase ph holds; qls
+// [ph * N + lane]: the sum of q over that word's channels. With vq (AVX3_DL)
+// the codes' products come from VNNI integer dot products instead.
+template <int BITS>
+void FusedScores(const FusedPlan& fp, const FusedBlock& blk, const float* qpat, const float* qls, const VnniQuery* vq,
+                 float* scores) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr auto kCodes = std::make_index_sequence<32 / BITS>();
+  const Expander meta(fp.lpg, N);
+  // q . f summed per word (lane) of vector v at phase ph
+  auto lane_dot = [&](std::int64_t v, std::int64_t ph) HWY_ATTR -> VF {
+#if HWY_TARGET == HWY_AVX3_DL
+    if (vq != nullptr) return VnniWordDot<BITS>(blk.wb[v], *vq, ph, fp.P * 64, hn::Load(d, qls + ph * N));
+#endif
+    (void)vq;
+    return WordDot<BITS>(blk.wb[v], qpat + ph * N, fp.P * N, kCodes);
+  };
+  // per word: sct * (q . f) + lot * sum(q)
+  auto lane_score = [&](std::int64_t v, std::int64_t ph, VF acc) HWY_ATTR -> VF {
+    return hn::MulAdd(meta(blk.sct, v), acc, hn::Mul(meta(blk.lot, v), hn::Load(d, qls + ph * N)));
+  };
+  if (fp.R >= N) {
+    for (std::int64_t t = 0; t < blk.n; ++t) {
+      VF z = hn::Zero(d);
+      for (std::int64_t ph = 0; ph < fp.P; ++ph) {
+        const std::int64_t v = t * fp.P + ph;
+        z = hn::Add(z, lane_score(v, ph, lane_dot(v, ph)));
+      }
+      scores[t] = hn::GetLane(hn::SumOfLanes(d, z));
+    }
+    return;
+  }
+  // Several rows per vector: R vectors at a time, sum adjacent lanes pairwise
+  // (ConcatEven + ConcatOdd keep the rows in order) until one lane is one row.
+  VF y[64];
+  for (std::int64_t v0 = 0; v0 < blk.wb.nvec(); v0 += fp.R) {
+    for (std::int64_t j = 0; j < fp.R; ++j) {
+      y[j] = v0 + j < blk.wb.nvec() ? lane_score(v0 + j, 0, lane_dot(v0 + j, 0)) : hn::Zero(d);
+    }
+    for (std::int64_t m = fp.R; m > 1; m /= 2) {
+#if HWY_TARGET != HWY_SCALAR  // (one lane: rows never share a vector)
+      for (std::int64_t j = 0; j < m / 2; ++j) {
+        y[j] = hn::Add(hn::ConcatEven(d, y[2 * j + 1], y[2 * j]), hn::ConcatOdd(d, y[2 * j + 1], y[2 * j]));
+      }
+#endif
+    }
+    hn::StoreU(y[0], d, scores + v0 / fp.R * N);  // scores has N floats of room past the block
+  }
+}
+
+// accx[(k * P + ph) * N + lane] += sum over rows of w_t * sct * f_k and
+// lov[lane] (lane -> group lane % G, or phase when G > N) += w_t * lot, for
+// weights w[0..n) (zero from n on, N readable past n).
+template <int BITS>
+void FusedValues(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* accx, float* lov) {
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d));
+  constexpr int kCpl = 32 / BITS;
+  constexpr auto kCodes = std::make_index_sequence<kCpl>();
+  const Expander meta(fp.lpg, N), rows(fp.R, N);
+  for (std::int64_t ph = 0; ph < fp.P; ++ph) {
+    VF acc[kCpl];
+    for (int k = 0; k < kCpl; ++k) acc[k] = hn::Load(d, accx + (k * fp.P + ph) * N);
+    for (std::int64_t v = ph; v < blk.wb.nvec(); v += fp.P) {
+      WordAxpy<BITS>(blk.wb[v], hn::Mul(rows(w, v), meta(blk.sct, v)), acc, kCodes);
+    }
+    for (int k = 0; k < kCpl; ++k) hn::Store(acc[k], d, accx + (k * fp.P + ph) * N);
+  }
+  const Expander per_group(fp.G, N);
+  const std::int64_t entries = blk.n * fp.G;
+  if (fp.Lp == N) {  // one accumulator: keep it in a register
+    VF lo = hn::Load(d, lov);
+    for (std::int64_t u = 0; u * N < entries; ++u) lo = hn::MulAdd(per_group(w, u), hn::LoadU(d, blk.lot + u * N), lo);
+    hn::Store(lo, d, lov);
+    return;
+  }
+  for (std::int64_t u = 0; u * N < entries; ++u) {
+    float* lo = lov + (u * N) % fp.Lp;
+    hn::Store(hn::MulAdd(per_group(w, u), hn::LoadU(d, blk.lot + u * N), hn::Load(d, lo)), d, lo);
+  }
+}
+
+void Scores(const FusedPlan& fp, const FusedBlock& blk, const float* qpat, const float* qls, const VnniQuery* vq,
+            float* scores) {
+  switch (fp.bits) {
+    case 1: return FusedScores<1>(fp, blk, qpat, qls, vq, scores);
+    case 2: return FusedScores<2>(fp, blk, qpat, qls, vq, scores);
+    case 4: return FusedScores<4>(fp, blk, qpat, qls, vq, scores);
+    default: return FusedScores<8>(fp, blk, qpat, qls, vq, scores);
+  }
+}
+
+void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* accx, float* lov) {
+  switch (fp.bits) {
+    case 1: return FusedValues<1>(fp, blk, w, accx, lov);
+    case 2: return FusedValues<2>(fp, blk, w, accx, lov);
+    case 4: return FusedValues<4>(fp, blk, w, accx, lov);
+    default: return FusedValues<8>(fp, blk, w, accx, lov);
+  }
+}
+
+// Asks for the code words and metadata of packed rows [t0, t0 + n) of one side
+// ahead of their use: every chunk is a separate allocation, so the hardware
+// prefetchers would restart at each window boundary.
+void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h, std::int64_t t0,
+                  std::int64_t n) {
+  const detail::SkvqState& st = *p.st;
+  const detail::Side& s = side == 0 ? st.k : st.v;
+  const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
+  const auto c = static_cast<std::size_t>(t0 / r);
+  const detail::PackedChunk& ch = s.chunks[c];
+  const std::int64_t i0 = t0 % r - st.first_row(c);
+  const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
+  const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
+  const std::uint8_t* codes = ch.codes.data() + bh * cph + i0 * fp.R * 4;
+  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) __builtin_prefetch(codes + o, 0, 2);
+  for (std::int64_t o = 0; o < n * mrow; o += 64) {
+    __builtin_prefetch(ch.lo.data() + bh * mph + i0 * mrow + o, 0, 2);  // to L2: a block is several KiB
+    __builtin_prefetch(ch.scale.data() + bh * mph + i0 * mrow + o, 0, 2);
+  }
+}
+
+// The packed rows [t0, t0 + n) of one side: where their code words start, and
+// their (lot, sct) metadata.
+const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h,
+                              std::int64_t t0, std::int64_t n, float* lot, float* sct) {
+  const detail::SkvqState& st = *p.st;
+  const detail::Side& s = side == 0 ? st.k : st.v;
+  const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
+  const auto c = static_cast<std::size_t>(t0 / r);
+  const detail::PackedChunk& ch = s.chunks[c];
+  const std::int64_t i0 = t0 % r - st.first_row(c);
+  const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
+  const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
+  LoadMeta(ch.lo.data() + bh * mph + i0 * mrow, ch.scale.data() + bh * mph + i0 * mrow, st.cfg.metadata, n * fp.G, lot, sct);
+  const DF d;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), m = n * fp.G;
+  const VF two_b = hn::Set(d, static_cast<float>(1 << fp.bits));
+  std::int64_t e = 0;
+  for (; e + N <= m; e += N) {
+    const VF sc = hn::Mul(hn::LoadU(d, sct + e), two_b);
+    hn::StoreU(sc, d, sct + e);
+    hn::StoreU(hn::Sub(hn::LoadU(d, lot + e), sc), d, lot + e);
+  }
+  for (; e < m; ++e) {
+    sct[e] *= static_cast<float>(1 << fp.bits);
+    lot[e] -= sct[e];
+  }
+  return ch.codes.data() + bh * cph + i0 * fp.R * 4;
+}
+
 void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int64_t t_begin, std::int64_t t_end,
                  const Partial& out) {
   const DF d;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t G = p.num_q_heads / p.num_kv_heads, nq = G * p.sq;
+  const std::int64_t Gq = p.num_q_heads / p.num_kv_heads, nq = Gq * p.sq;
   const std::int64_t D = p.head_dim, Dv = p.v_head_dim, Dp = RoundUp(D, L), Dvp = RoundUp(Dv, L);
-  auto q_o = hwy::AllocateAligned<float>(static_cast<std::size_t>(nq * Dp));
-  auto q_p = hwy::AllocateAligned<float>(static_cast<std::size_t>(nq * Dp));
-  auto krows = hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlock * Dp));
-  auto vrows = hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlock * Dvp));
-  auto s = hwy::AllocateAligned<float>(static_cast<std::size_t>(kBlock));
-  std::fill(q_o.get(), q_o.get() + nq * Dp, 0.0f);
-  std::fill(q_p.get(), q_p.get() + nq * Dp, 0.0f);
-  std::fill(krows.get(), krows.get() + kBlock * Dp, 0.0f);
-  std::fill(vrows.get(), vrows.get() + kBlock * Dvp, 0.0f);
+  const FusedPlan fk = PlanFused(p, 0, L), fv = PlanFused(p, 1, L);
+  const std::int64_t qstride = fk.ok ? fk.slots() * L : 0, lstride = fk.ok ? fk.P * L : 0;
+  const std::int64_t xstride = fv.ok ? fv.slots() * L : 0, sstride = kFused + L;
+  auto alloc = [](std::int64_t n) {
+    auto a = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
+    std::fill(a.get(), a.get() + std::max<std::int64_t>(n, 1), 0.0f);
+    return a;
+  };
+  auto q_o = alloc(nq * Dp), q_p = alloc(nq * Dp), krows = alloc(kFused * Dp), vrows = alloc(kFused * Dvp);
+  auto S = alloc(nq * sstride);
+  auto qpat = alloc(nq * qstride), qls = alloc(nq * lstride);
+  auto klo = alloc(kFused * fk.G + L), ksc = alloc(kFused * fk.G + L);
+  auto accx = alloc(nq * xstride), lov = alloc(nq * fv.Lp);
+  auto vlo = alloc(kFused * fv.G + L), vsc = alloc(kFused * fv.G + L);
+  const bool vnni = kVnni && fk.ok;
+  const std::int64_t vbytes = vnni ? (8 / fk.bits) * fk.P * 4 * L : 0;
+  auto vnni_q = hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * nq * vbytes, 1)));
+  std::vector<VnniQuery> vq(static_cast<std::size_t>(nq));
   const std::int32_t* kperm = (p.st && !p.st->k.perm.empty()) ? p.st->k.perm.data() + h * D : nullptr;
+  const std::int64_t g = p.st ? p.st->cfg.group_size : 1;
   for (std::int64_t qi = 0; qi < nq; ++qi) {
-    const std::int64_t hq = h * G + qi / p.sq, i = qi % p.sq;
+    const std::int64_t hq = h * Gq + qi / p.sq, i = qi % p.sq;
     float* qo = q_o.get() + qi * Dp;
     for (std::int64_t dd = 0; dd < D; ++dd) qo[dd] = p.q.at(b, hq, i, dd) * p.scale;
     float* qp = q_p.get() + qi * Dp;
     for (std::int64_t j = 0; j < D; ++j) qp[j] = kperm ? qo[kperm[j]] : qo[j];
+    if (fk.ok) {
+      for (std::int64_t k = 0; k < fk.cpl; ++k)
+        for (std::int64_t ph = 0; ph < fk.P; ++ph)
+          for (std::int64_t lane = 0; lane < L; ++lane) {
+            const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
+            qpat[qi * qstride + (k * fk.P + ph) * L + lane] = qv;
+            qls[qi * lstride + ph * L + lane] += qv;
+          }
+      if (vnni) {
+        VnniQuery& v = vq[static_cast<std::size_t>(qi)];
+        std::int8_t* hi = vnni_q.get() + 2 * qi * vbytes;
+        v.hi = hi;
+        v.lo = hi + vbytes;
+        v.step = BuildVnniQuery(fk, qp, D, L, hi, hi + vbytes) / static_cast<float>(1 << fk.bits);
+      }
+    }
     out.m[qi] = -INFINITY;
     out.l[qi] = 0.0f;
     std::fill(out.acc_o + qi * Dvp, out.acc_o + (qi + 1) * Dvp, 0.0f);
     std::fill(out.acc_p + qi * Dvp, out.acc_p + (qi + 1) * Dvp, 0.0f);
   }
+  std::int64_t pf = t_begin;  // packed rows before pf have been prefetched
+  static const std::int64_t kAhead = std::getenv("SKVQ_AHEAD") ? std::atoll(std::getenv("SKVQ_AHEAD")) : 128;
   for (std::int64_t t = t_begin; t < t_end;) {
-    const std::int64_t n = std::min({kBlock, SegmentEnd(p, t) - t, t_end - t});
-    const bool kp = DecodeBlock(p, 0, b, h, t, n, krows.get(), Dp);
-    const bool vp = DecodeBlock(p, 1, b, h, t, n, vrows.get(), Dvp);
+    const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
+    const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
+    const std::int64_t n = std::min({use_k || use_v ? kFused : kBlock, SegmentEnd(p, t) - t, t_end - t});
+    if (use_k || use_v) {  // ask for the packed rows up to kAhead tokens past this block
+      const std::int64_t until = std::min({t + n + kAhead, t_end, p.st->q_end});
+      for (pf = std::max(pf, t); pf < until;) {
+        const std::int64_t m = std::min(SegmentEnd(p, pf), until) - pf;
+        if (fk.ok) PrefetchRows(p, 0, fk, b, h, pf, m);
+        if (fv.ok) PrefetchRows(p, 1, fv, b, h, pf, m);
+        pf += m;
+      }
+    }
+    // Scores of every query row: S[qi][0..n).
+    if (use_k) {
+      const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get()), n * fk.R, L);
+      const FusedBlock blk{wb, n, klo.get(), ksc.get()};
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        Scores(fk, blk, qpat.get() + qi * qstride, qls.get() + qi * lstride, vnni ? &vq[static_cast<std::size_t>(qi)] : nullptr,
+               S.get() + qi * sstride);
+      }
+    } else {
+      const bool kp = DecodeBlock(p, 0, b, h, t, n, krows.get(), Dp);
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        const float* qv = (kp ? q_p.get() : q_o.get()) + qi * Dp;
+        for (std::int64_t tt = 0; tt < n; ++tt) S[qi * sstride + tt] = Dot(qv, krows.get() + tt * Dp, Dp);
+      }
+    }
+    // Online softmax: S becomes the weights exp(s - m) (zero where causally hidden).
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       const std::int64_t i = qi % p.sq;
       const std::int64_t vis = std::min(n, p.kv_len - p.sq + i + 1 - t);  // causal
+      float* s = S.get() + qi * sstride;
+      std::fill(s + n, s + n + L, 0.0f);
       if (vis <= 0) continue;
-      const float* qv = (kp ? q_p.get() : q_o.get()) + qi * Dp;
       float m_blk = -INFINITY;
-      for (std::int64_t tt = 0; tt < vis; ++tt) {
-        s[tt] = Dot(qv, krows.get() + tt * Dp, Dp);
-        m_blk = std::max(m_blk, s[tt]);
-      }
+      for (std::int64_t tt = 0; tt < vis; ++tt) m_blk = std::max(m_blk, s[tt]);
       const float m_new = std::max(out.m[qi], m_blk);
       const float corr = std::exp(out.m[qi] - m_new);
       const VF vm = hn::Set(d, m_new);
       float sum = 0.0f;
       std::int64_t tt = 0;
       for (; tt + L <= vis; tt += L) {
-        const VF e = hn::Exp(d, hn::Sub(hn::Load(d, s.get() + tt), vm));
-        hn::Store(e, d, s.get() + tt);
+        const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + tt), vm));
+        hn::StoreU(e, d, s + tt);
         sum += hn::GetLane(hn::SumOfLanes(d, e));
       }
       for (; tt < vis; ++tt) {
         s[tt] = std::exp(s[tt] - m_new);
         sum += s[tt];
       }
+      std::fill(s + vis, s + n, 0.0f);
       out.l[qi] = out.l[qi] * corr + sum;
-      float* ao = out.acc_o + qi * Dvp;
-      float* ap = out.acc_p + qi * Dvp;
       if (corr != 1.0f) {
         const VF vc = hn::Set(d, corr);
+        float* ao = out.acc_o + qi * Dvp;
+        float* ap = out.acc_p + qi * Dvp;
         for (std::int64_t j = 0; j < Dvp; j += L) {
           hn::Store(hn::Mul(hn::Load(d, ao + j), vc), d, ao + j);
           hn::Store(hn::Mul(hn::Load(d, ap + j), vc), d, ap + j);
         }
-      }
-      float* acc = vp ? ap : ao;
-      for (std::int64_t j = 0; j < Dvp; j += L) {
-        VF a = hn::Load(d, acc + j);
-        for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, s[u]), hn::Load(d, vrows.get() + u * Dvp + j), a);
-        hn::Store(a, d, acc + j);
+        float* ax = accx.get() + qi * xstride;
+        for (std::int64_t j = 0; j < xstride; j += L) hn::Store(hn::Mul(hn::Load(d, ax + j), vc), d, ax + j);
+        float* lo = lov.get() + qi * fv.Lp;
+        for (std::int64_t j = 0; j < fv.Lp; j += L) hn::Store(hn::Mul(hn::Load(d, lo + j), vc), d, lo + j);
       }
       out.m[qi] = m_new;
     }
+    // Values.
+    if (use_v) {
+      const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get()), n * fv.R, L);
+      const FusedBlock blk{wb, n, vlo.get(), vsc.get()};
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
+        Values(fv, blk, S.get() + qi * sstride, accx.get() + qi * xstride, lov.get() + qi * fv.Lp);
+      }
+    } else {
+      const bool vp = DecodeBlock(p, 1, b, h, t, n, vrows.get(), Dvp);
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        const std::int64_t vis = std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t);
+        if (vis <= 0) continue;
+        const float* s = S.get() + qi * sstride;
+        float* acc = (vp ? out.acc_p : out.acc_o) + qi * Dvp;
+        for (std::int64_t j = 0; j < Dvp; j += L) {
+          VF a = hn::Load(d, acc + j);
+          for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, s[u]), hn::Load(d, vrows.get() + u * Dvp + j), a);
+          hn::Store(a, d, acc + j);
+        }
+      }
+    }
     t += n;
+  }
+  // Fold the fused value sums into the permuted accumulator.
+  if (fv.ok) {
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      float* ap = out.acc_p + qi * Dvp;
+      const float* ax = accx.get() + qi * xstride;
+      for (std::int64_t k = 0; k < fv.cpl; ++k)
+        for (std::int64_t ph = 0; ph < fv.P; ++ph)
+          for (std::int64_t lane = 0; lane < L; ++lane) {
+            ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
+          }
+      const float* lo = lov.get() + qi * fv.Lp;
+      for (std::int64_t l = 0; l < fv.Lp; ++l) {
+        for (std::int64_t j = (l % fv.G) * g; j < (l % fv.G + 1) * g; ++j) ap[j] += lo[l];
+      }
+    }
   }
 }
 
