@@ -5,6 +5,8 @@
 
 #include "cpu/quantize_simd.hpp"
 #include "ref/attention.hpp"
+#include "core/skvq_state.hpp"
+#include "ref/meta.hpp"
 #include "test_util.hpp"
 
 namespace skvq::test {
@@ -39,6 +41,57 @@ RowScale row_scale(const TensorView& q, const TensorView& k, const TensorView& v
   return r;
 }
 
+// The fused SIMD path reads packed rows as x = lot + sct * f with
+// sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and on AVX3_DL forms the
+// codes' part of q . x from q rounded to 16 bits (|q - q~| <= max|q| / 65024).
+// Per query row, over the packed rows of its KV head (docs/numerics.md):
+//   ak = softmax scale * max_t sum_d |q_d| (|lo| + 3 * 2^b * |scale|)  (magnitude of the fused score terms)
+//   qk = softmax scale * max|q| / 65024 * max_t sum_d (2^b - 1) |scale|  (score error of the 16-bit q)
+//   av = max over rows and groups of |lo| + 3 * 2^b * |scale|          (magnitude of the fused value terms)
+struct PackedBound {
+  double ak = 0, qk = 0, av = 0;
+};
+
+PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, float scale, std::int64_t b, std::int64_t hq,
+                         std::int64_t i, std::int64_t G) {
+  PackedBound pb;
+  const detail::SkvqState& st = cache.state();
+  if (!st.initialized) return pb;
+  const std::int64_t h = hq / G, bh = b * st.heads + h, D = st.k.head_dim;
+  std::vector<double> qa(static_cast<std::size_t>(D));
+  double qmax = 0;
+  for (std::int64_t j = 0; j < D; ++j) {
+    const std::int64_t src = st.k.perm.empty() ? j : st.k.perm[static_cast<std::size_t>(h * D + j)];
+    qa[static_cast<std::size_t>(j)] = std::fabs(static_cast<double>(q.at(b, hq, i, src))) * scale;
+    qmax = std::max(qmax, qa[static_cast<std::size_t>(j)]);
+  }
+  const int mb = meta_bytes(st.cfg.metadata), g = st.cfg.group_size;
+  for (int side = 0; side < 2; ++side) {
+    const detail::Side& s = side == 0 ? st.k : st.v;
+    const std::int64_t Gs = st.groups(s), two_b = std::int64_t{1} << s.bits;
+    for (const detail::PackedChunk& ch : s.chunks) {
+      const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
+      for (std::int64_t r = 0; r < ch.n_rows; ++r) {
+        double ak = 0, qk = 0;
+        for (std::int64_t j = 0; j < s.head_dim; ++j) {
+          const std::int64_t at = bh * mph + (r * Gs + j / g) * mb;
+          const double lo = std::fabs(ref::meta_load(ch.lo.data() + at, st.cfg.metadata));
+          const double sc = std::fabs(ref::meta_load(ch.scale.data() + at, st.cfg.metadata));
+          if (side == 0) {
+            ak += qa[static_cast<std::size_t>(j)] * (lo + 3.0 * two_b * sc);
+            qk += (two_b - 1) * sc;
+          } else {
+            pb.av = std::max(pb.av, lo + 3.0 * two_b * sc);
+          }
+        }
+        pb.ak = std::max(pb.ak, ak);
+        pb.qk = std::max(pb.qk, qmax / 65024.0 * qk);
+      }
+    }
+  }
+  return pb;
+}
+
 void run_case(const Case& c, std::uint32_t seed) {
   Config cfg;
   cfg.head_dim = static_cast<int>(c.D);
@@ -68,9 +121,13 @@ void run_case(const Case& c, std::uint32_t seed) {
     for (std::int64_t hq = 0; hq < c.H * c.G; ++hq)
       for (std::int64_t i = 0; i < c.Sq; ++i) {
         const RowScale rs = row_scale(q.view(), kd, vd, scale, b, hq, i, c.G);
-        const double n = static_cast<double>(c.D + c.kv_len + 16);
-        // float32 kernels vs each other: dot and sum rounding, a few ulp of exp.
-        const double tol_impl = (2 * n * kU32 * (1 + rs.s_abs) + 8 * kU32) * rs.vmax;
+        // float32 kernels vs each other: dot and sum rounding, a few ulp of exp;
+        // the fused path's terms are as large as ak / av, and its 16-bit q moves scores by qk.
+        const PackedBound pb = packed_bound(cache, q.view(), scale, b, hq, i, c.G);
+        const double vb = std::max(rs.vmax, pb.av);
+        // Scores: dot products of D terms (both kernels); weighted sums: T terms.
+        const double ds = static_cast<double>(c.D + 16) * kU32 * (2 * rs.s_abs + pb.ak) + pb.qk;
+        const double tol_impl = ((std::exp(2 * ds) - 1) + 2 * static_cast<double>(c.kv_len + 16) * kU32 + 8 * kU32) * vb;
         // attend reads float32 reconstructions; the dense tensors hold them rounded to the dtype.
         const double eps = u * rs.s_abs;
         const double tol_dense = ((std::exp(2 * eps) - 1) + u) * rs.vmax * 1.01 + tol_impl;
@@ -188,6 +245,13 @@ TEST_P(AttendTarget, MatchesReference) {
       {1, 2, 1, 3, 150, 64, 64, 16, 4, 16, 4, 8, MetaType::fp32, DType::bf16},
       {1, 1, 2, 1, 100, 128, 128, 32, 3, 128, 1, 4, MetaType::fp8_e4m3, DType::f32},
       {1, 1, 1, 2, 90, 10, 12, 8, 2, 4, 3, 2, MetaType::fp16, DType::f16},
+      // fused-path layouts: many blocks and chunks; 8-bit g4 (G > lanes, a row spans vectors);
+      // g128 at 8 and 1 bits (a group spans vectors); Dv 32 at 2 bits (several rows a vector); D 256
+      {1, 2, 4, 1, 700, 128, 128, 128, 5, 32, 2, 2, MetaType::fp16, DType::f16},
+      {1, 1, 2, 5, 600, 128, 128, 64, 0, 4, 8, 8, MetaType::fp32, DType::f32},
+      {1, 2, 1, 1, 400, 128, 128, 128, 5, 128, 8, 1, MetaType::fp16, DType::f16},
+      {1, 1, 4, 3, 333, 64, 32, 32, 7, 32, 4, 2, MetaType::fp8_e4m3, DType::bf16},
+      {2, 1, 1, 1, 260, 256, 256, 64, 5, 64, 4, 4, MetaType::fp16, DType::f16},
   };
   std::uint32_t seed = 500;
   for (const auto& c : cases) run_case(c, seed += 3);

@@ -493,32 +493,30 @@ void FusedScores(const FusedPlan& fp, const FusedBlock& blk, const float* qpat, 
   auto lane_score = [&](std::int64_t v, std::int64_t ph, VF acc) HWY_ATTR -> VF {
     return hn::MulAdd(meta(blk.sct, v), acc, hn::Mul(meta(blk.lot, v), hn::Load(d, qls + ph * N)));
   };
-  if (fp.R >= N) {
-    for (std::int64_t t = 0; t < blk.n; ++t) {
-      VF z = hn::Zero(d);
-      for (std::int64_t ph = 0; ph < fp.P; ++ph) {
-        const std::int64_t v = t * fp.P + ph;
-        z = hn::Add(z, lane_score(v, ph, lane_dot(v, ph)));
-      }
-      scores[t] = hn::GetLane(hn::SumOfLanes(d, z));
-    }
-    return;
-  }
-  // Several rows per vector: R vectors at a time, sum adjacent lanes pairwise
-  // (ConcatEven + ConcatOdd keep the rows in order) until one lane is one row.
+  // Per vector of words: rows that share it (R < N) or one row's sum over its
+  // P vectors (R >= N): `seg` lanes per row. seg such vectors at a time, sum
+  // adjacent lanes pairwise (ConcatEven + ConcatOdd keep the rows in order)
+  // until one lane is one row.
+  const std::int64_t seg = std::min(fp.R, N), rows_per_vec = N / seg;
+  const std::int64_t nv = (blk.n + rows_per_vec - 1) / rows_per_vec;  // vectors of seg-lane rows
+  auto row_vec = [&](std::int64_t u) HWY_ATTR -> VF {
+    if (u >= nv) return hn::Zero(d);
+    if (fp.P == 1) return lane_score(u, 0, lane_dot(u, 0));
+    VF z = hn::Zero(d);
+    for (std::int64_t ph = 0; ph < fp.P; ++ph) z = hn::Add(z, lane_score(u * fp.P + ph, ph, lane_dot(u * fp.P + ph, ph)));
+    return z;
+  };
   VF y[64];
-  for (std::int64_t v0 = 0; v0 < blk.wb.nvec(); v0 += fp.R) {
-    for (std::int64_t j = 0; j < fp.R; ++j) {
-      y[j] = v0 + j < blk.wb.nvec() ? lane_score(v0 + j, 0, lane_dot(v0 + j, 0)) : hn::Zero(d);
-    }
-    for (std::int64_t m = fp.R; m > 1; m /= 2) {
-#if HWY_TARGET != HWY_SCALAR  // (one lane: rows never share a vector)
+  for (std::int64_t u0 = 0; u0 < nv; u0 += seg) {
+    for (std::int64_t j = 0; j < seg; ++j) y[j] = row_vec(u0 + j);
+    for (std::int64_t m = seg; m > 1; m /= 2) {
+#if HWY_TARGET != HWY_SCALAR  // (one lane: seg is 1)
       for (std::int64_t j = 0; j < m / 2; ++j) {
         y[j] = hn::Add(hn::ConcatEven(d, y[2 * j + 1], y[2 * j]), hn::ConcatOdd(d, y[2 * j + 1], y[2 * j]));
       }
 #endif
     }
-    hn::StoreU(y[0], d, scores + v0 / fp.R * N);  // scores has N floats of room past the block
+    hn::StoreU(y[0], d, scores + u0 / seg * N);  // scores has N floats of room past the block
   }
 }
 
@@ -606,15 +604,28 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
   const std::int64_t i0 = t0 % r - st.first_row(c);
   const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
   const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
-  LoadMeta(ch.lo.data() + bh * mph + i0 * mrow, ch.scale.data() + bh * mph + i0 * mrow, st.cfg.metadata, n * fp.G, lot, sct);
+  const std::uint8_t* lo = ch.lo.data() + bh * mph + i0 * mrow;
+  const std::uint8_t* sc = ch.scale.data() + bh * mph + i0 * mrow;
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), m = n * fp.G;
   const VF two_b = hn::Set(d, static_cast<float>(1 << fp.bits));
   std::int64_t e = 0;
+  if (st.cfg.metadata == MetaType::fp16) {  // one pass: convert and transform
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto* lh = reinterpret_cast<const hwy::float16_t*>(lo);
+    const auto* sh = reinterpret_cast<const hwy::float16_t*>(sc);
+    for (; e + N <= m; e += N) {
+      const VF s = hn::Mul(hn::PromoteTo(d, hn::LoadU(dh, sh + e)), two_b);
+      hn::StoreU(s, d, sct + e);
+      hn::StoreU(hn::Sub(hn::PromoteTo(d, hn::LoadU(dh, lh + e)), s), d, lot + e);
+    }
+  }
+  LoadMeta(lo + e * meta_bytes(st.cfg.metadata), sc + e * meta_bytes(st.cfg.metadata), st.cfg.metadata, m - e, lot + e,
+           sct + e);
   for (; e + N <= m; e += N) {
-    const VF sc = hn::Mul(hn::LoadU(d, sct + e), two_b);
-    hn::StoreU(sc, d, sct + e);
-    hn::StoreU(hn::Sub(hn::LoadU(d, lot + e), sc), d, lot + e);
+    const VF s = hn::Mul(hn::LoadU(d, sct + e), two_b);
+    hn::StoreU(s, d, sct + e);
+    hn::StoreU(hn::Sub(hn::LoadU(d, lot + e), s), d, lot + e);
   }
   for (; e < m; ++e) {
     sct[e] *= static_cast<float>(1 << fp.bits);
