@@ -5,8 +5,6 @@
 
 #include "cpu/quantize_simd.hpp"
 #include "ref/attention.hpp"
-#include "core/skvq_state.hpp"
-#include "ref/meta.hpp"
 #include "test_util.hpp"
 
 namespace skvq::test {
@@ -39,57 +37,6 @@ RowScale row_scale(const TensorView& q, const TensorView& k, const TensorView& v
     for (std::int64_t d = 0; d < v.shape[3]; ++d) r.vmax = std::max(r.vmax, std::fabs(static_cast<double>(v.at(b, h, t, d))));
   }
   return r;
-}
-
-// The fused SIMD path reads packed rows as x = lot + sct * f with
-// sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and on AVX3_DL forms the
-// codes' part of q . x from q rounded to 16 bits (|q - q~| <= max|q| / 65024).
-// Per query row, over the packed rows of its KV head (docs/numerics.md):
-//   ak = softmax scale * max_t sum_d |q_d| (|lo| + 3 * 2^b * |scale|)  (magnitude of the fused score terms)
-//   qk = softmax scale * max|q| / 65024 * max_t sum_d (2^b - 1) |scale|  (score error of the 16-bit q)
-//   av = max over rows and groups of |lo| + 3 * 2^b * |scale|          (magnitude of the fused value terms)
-struct PackedBound {
-  double ak = 0, qk = 0, av = 0;
-};
-
-PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, float scale, std::int64_t b, std::int64_t hq,
-                         std::int64_t i, std::int64_t G) {
-  PackedBound pb;
-  const detail::SkvqState& st = cache.state();
-  if (!st.initialized) return pb;
-  const std::int64_t h = hq / G, bh = b * st.heads + h, D = st.k.head_dim;
-  std::vector<double> qa(static_cast<std::size_t>(D));
-  double qmax = 0;
-  for (std::int64_t j = 0; j < D; ++j) {
-    const std::int64_t src = st.k.perm.empty() ? j : st.k.perm[static_cast<std::size_t>(h * D + j)];
-    qa[static_cast<std::size_t>(j)] = std::fabs(static_cast<double>(q.at(b, hq, i, src))) * scale;
-    qmax = std::max(qmax, qa[static_cast<std::size_t>(j)]);
-  }
-  const int mb = meta_bytes(st.cfg.metadata), g = st.cfg.group_size;
-  for (int side = 0; side < 2; ++side) {
-    const detail::Side& s = side == 0 ? st.k : st.v;
-    const std::int64_t Gs = st.groups(s), two_b = std::int64_t{1} << s.bits;
-    for (const detail::PackedChunk& ch : s.chunks) {
-      const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
-      for (std::int64_t r = 0; r < ch.n_rows; ++r) {
-        double ak = 0, qk = 0;
-        for (std::int64_t j = 0; j < s.head_dim; ++j) {
-          const std::int64_t at = bh * mph + (r * Gs + j / g) * mb;
-          const double lo = std::fabs(ref::meta_load(ch.lo.data() + at, st.cfg.metadata));
-          const double sc = std::fabs(ref::meta_load(ch.scale.data() + at, st.cfg.metadata));
-          if (side == 0) {
-            ak += qa[static_cast<std::size_t>(j)] * (lo + 3.0 * two_b * sc);
-            qk += (two_b - 1) * sc;
-          } else {
-            pb.av = std::max(pb.av, lo + 3.0 * two_b * sc);
-          }
-        }
-        pb.ak = std::max(pb.ak, ak);
-        pb.qk = std::max(pb.qk, qmax / 65024.0 * qk);
-      }
-    }
-  }
-  return pb;
 }
 
 void run_case(const Case& c, std::uint32_t seed) {

@@ -507,6 +507,7 @@ void FusedScores(const FusedPlan& fp, const FusedBlock& blk, const float* qpat, 
     return z;
   };
   VF y[64];
+  for (std::int64_t j = 0; j < seg; ++j) y[j] = hn::Zero(d);
   for (std::int64_t u0 = 0; u0 < nv; u0 += seg) {
     for (std::int64_t j = 0; j < seg; ++j) y[j] = row_vec(u0 + j);
     for (std::int64_t m = seg; m > 1; m /= 2) {

@@ -61,12 +61,15 @@ struct LaneCodes {
   // 1 + code_i / 2^BITS: the code moved into the top of a float's mantissa
   // (one shift and one LOP3). Sums of these are decoded as
   // sum(q c) = (sum(q f) - sum(q)) * 2^BITS.
-  __device__ __forceinline__ float frac(int i) const {
+  // `one` must hold 0x3F800000 in a register the compiler cannot see through:
+  // with both constants as immediates ptxas splits the and-or into two LOP3s
+  // (one immediate per LOP3), a third integer operation per code.
+  __device__ __forceinline__ float frac(int i, unsigned one) const {
     constexpr int kTop = 23 - BITS;
     const int bit = i * BITS, pos = bit % 32;
     const unsigned word = w[bit / 32];
     const unsigned moved = pos >= kTop ? word >> (pos - kTop) : word << (kTop - pos);
-    return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | 0x3F800000u);
+    return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | one);
   }
 };
 
@@ -135,9 +138,11 @@ struct GroupState {
   float q[NQ][kCPL], qs[NQ];
   std::int64_t limit[NQ];  // last visible token of each row (causal)
   float m[NQ], l[NQ], acc[NQ][kCPL], lacc[NQ], wsum[NQ];
+  unsigned one;  // 0x3F800000 (see LaneCodes::frac)
 
   __device__ __forceinline__ void init(const AttnParams& p, int b, int h, int row0, int lane, const int* kperm) {
     const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+    one = 0x3F800000u | static_cast<unsigned>(p.Sq <= 0);  // Sq >= 1: the constant, opaque to ptxas
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
       const int row = row0 + n;
@@ -157,13 +162,61 @@ struct GroupState {
       for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
     }
   }
-  // This lane's part of row n's score for a packed key.
+  // Packed keys take q rounded to 16 bits, qi = round(q / qstep) with
+  // |qi| <= 127 * 256, split as qi = 256 hi + lo (hi, lo int8) and laid out as
+  // 4-byte patterns matching the code bytes (qh, ql: [pattern]; pattern
+  // wi * kPerByte + m multiplies byte b of (word wi >> m * KB), code
+  // (32 wi + 8 b + m KB) / KB of the lane): sum(q c) from 2 dp4a per 4 codes
+  // instead of 3 float operations per code (docs/numerics.md bounds the error).
+  int qh[NQ][8], ql[NQ][8];
+  float qstep[NQ];
+  template <int KB>
+  __device__ __forceinline__ void init_int() {
+    constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      float qmax = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) qmax = fmaxf(qmax, fabsf(q[n][c]));
+      qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
+      qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
+      qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 4));
+      qstep[n] = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+#pragma unroll
+      for (int wi = 0; wi < kWords; ++wi)
+#pragma unroll
+        for (int m = 0; m < kPerByte; ++m) {
+          unsigned hp = 0, lp = 0;
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const int c = (32 * wi + 8 * b + m * KB) / KB;
+            if (c >= kCPL) continue;
+            const int r = static_cast<int>(fminf(fmaxf(rintf(q[n][c] / qstep[n]), -32512.0f), 32512.0f));
+            const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+            hp |= static_cast<unsigned>(hi & 0xFF) << (8 * b);
+            lp |= static_cast<unsigned>((r - 256 * hi) & 0xFF) << (8 * b);
+          }
+          qh[n][wi * kPerByte + m] = static_cast<int>(hp);
+          ql[n][wi * kPerByte + m] = static_cast<int>(lp);
+        }
+    }
+  }
+  // This lane's part of row n's score for a packed key: sum over its channels
+  // of q (kl + ks c).
   template <int KB>
   __device__ __forceinline__ float packed_score(const LaneCodes<KB>& kc, float ks, float kl, int n) const {
-    float d = 0.0f;
+    constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
+    constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
+    int ah = 0, al = 0;
 #pragma unroll
-    for (int c = 0; c < kCPL; ++c) d = fmaf(q[n][c], kc.frac(c), d);
-    return fmaf(ks * static_cast<float>(1 << KB), d - qs[n], kl * qs[n]);
+    for (int wi = 0; wi < kWords; ++wi)
+#pragma unroll
+      for (int m = 0; m < kPerByte; ++m) {
+        const unsigned x = KB == 8 ? kc.w[wi] : (kc.w[wi] >> (m * KB)) & kMask;
+        asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(ah) : "r"(x), "r"(qh[n][wi * kPerByte + m]));
+        asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(al) : "r"(x), "r"(ql[n][wi * kPerByte + m]));
+      }
+    return fmaf(ks * qstep[n], static_cast<float>(ah * 256 + al), kl * qs[n]);
   }
   __device__ __forceinline__ float exact_score(const float* x, int n) const {
     float d = 0.0f;
@@ -208,7 +261,7 @@ struct GroupState {
     for (int n = 0; n < NQ; ++n) {
       const float w = pw[u][n] * vs;
 #pragma unroll
-      for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c), acc[n][c]);
+      for (int c = 0; c < kCPL; ++c) acc[n][c] = fmaf(w, vc.frac(c, one), acc[n][c]);
       wsum[n] += w;
       lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
     }
@@ -291,6 +344,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   const int* vperm = (!DENSE && p.v.perm) ? p.v.perm + h * kD : nullptr;
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, kperm);
+  st.template init_int<KB>();
   const int mb = p.meta_bytes;
   const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
   const std::int64_t t_begin = p.n_ranges ? p.range_begin[split] : static_cast<std::int64_t>(split) * p.split_len;
@@ -444,27 +498,33 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
+  st.template init_int<KB>();
   const int kgrp = (lane * kCPL) / p.group;
   const TileStream tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
     const std::int64_t t0 = tiles.first_token(tile);
+    // Visible tokens of the tile, relative to its first: [lo, hi[n]] (32-bit compares per token).
+    auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
+    const int lo = rel(p.sinks);
+    int hi[NQ];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) hi[n] = rel(st.limit[n]);
 #pragma unroll
     for (int u0 = 0; u0 < kTile; u0 += kSub) {
       float s[kSub][NQ];
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
         const int local = (u0 + u) * kGroups + grp;
-        const std::int64_t t = t0 + local;
         LaneCodes<KB> kc;
-        kc.load_shared(stage + lay.kc + local * p.k.row_bytes + lane * LaneCodes<KB>::kBytes);
+        kc.load_shared(stage + lay.kc + local * (kLanes * LaneCodes<KB>::kBytes) + lane * LaneCodes<KB>::kBytes);
         const int mo = (local * p.k.G + kgrp) * mb;
         const float ks = load_meta(stage + lay.ksc + mo, META), kl = load_meta(stage + lay.klo + mo, META);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           const float v = group_sum(st.packed_score(kc, ks, kl, n));
-          s[u][n] = (t >= p.sinks && t <= st.limit[n]) ? v : -INFINITY;
+          s[u][n] = (local >= lo && local <= hi[n]) ? v : -INFINITY;
         }
       }
       float pw[kSub][NQ];
@@ -473,7 +533,7 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
       for (int u = 0; u < kSub; ++u) {
         const int local = (u0 + u) * kGroups + grp;
         LaneCodes<VB> vc;
-        vc.load_shared(stage + lay.vc + local * p.v.row_bytes + lane * LaneCodes<VB>::kBytes);
+        vc.load_shared(stage + lay.vc + local * (kLanes * LaneCodes<VB>::kBytes) + lane * LaneCodes<VB>::kBytes);
         const int mo = (local * p.v.G + kgrp) * mb;
         st.add_packed_value(vc, load_meta(stage + lay.vsc + mo, META), load_meta(stage + lay.vlo + mo, META), pw, u);
       }
@@ -801,6 +861,59 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   }
 }
 
+// Blocks of the pipelined kernel that fit one SM at once (registers and
+// shared memory), for the first launch of run_attention's row loop.
+template <int KB, int VB>
+int fast_blocks_per_sm(const AttnParams& p) {
+  const int n_rows = (p.Hq / p.Hkv) * p.Sq, nq = n_rows >= 4 ? 4 : n_rows >= 2 ? 2 : 1;
+  const int smem = kStages * FastLayout(p).stage;
+  int blocks = 0;
+  auto occ = [&](auto kernel) {
+    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    SKVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+  };
+  auto by_meta = [&](auto k16, auto k32, auto k8) {
+    if (p.meta == 0) occ(k16);
+    else if (p.meta == 1) occ(k32);
+    else occ(k8);
+  };
+  if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
+  else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
+  else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
+  return std::max(1, blocks);
+}
+
+int fast_blocks_per_sm(const AttnParams& p) {
+  const int kb = p.k.bits, vb = p.v.bits;
+  if (kb == 2 && vb == 2) return fast_blocks_per_sm<2, 2>(p);
+  if (kb == 4 && vb == 4) return fast_blocks_per_sm<4, 4>(p);
+  if (kb == 8 && vb == 8) return fast_blocks_per_sm<8, 8>(p);
+  if (kb == 1 && vb == 1) return fast_blocks_per_sm<1, 1>(p);
+  if (kb == 4 && vb == 2) return fast_blocks_per_sm<4, 2>(p);
+  if (kb == 8 && vb == 4) return fast_blocks_per_sm<8, 4>(p);
+  return 1;
+}
+
+// Splits of the packed body for the pipelined kernel: the count whose blocks
+// fill the last wave best (the blocks resident at once come from the
+// occupancy calculator), with a small cost per split (prologue, partials).
+int choose_fast_splits(const AttnParams& p, int requested) {
+  if (requested > 0) return requested;
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const double slots = static_cast<double>(sms) * fast_blocks_per_sm(p);
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
+  const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / (4 * kFastTile)));
+  int best = 1;
+  double best_score = -1e30;
+  for (std::int64_t s = 1; s <= max_splits; ++s) {
+    const double blocks = static_cast<double>(heads * s), waves = std::ceil(blocks / slots);
+    const double score = blocks / (waves * slots) - 0.002 * static_cast<double>(s);
+    if (score > best_score) best_score = score, best = static_cast<int>(s);
+  }
+  return best;
+}
+
 template <int KB, int VB, bool DENSE>
 void launch_rows(const AttnParams& p, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
@@ -862,7 +975,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   if (fast) {
     AttnParams body = p;
     body.kv_len = p.q_end;
-    fast_splits = choose_splits(body, requested_splits);
+    fast_splits = choose_fast_splits(body, requested_splits);
     p.split_len = (p.q_end + fast_splits - 1) / fast_splits;
     p.split_len = (p.split_len + kFastTile - 1) / kFastTile * kFastTile;
     fast_splits = static_cast<int>((p.q_end + p.split_len - 1) / p.split_len);
