@@ -354,15 +354,16 @@ HWY_INLINE void WordAxpy(VU w, VF wt, VF* acc, std::index_sequence<K...>) {
 // lanes: src[(v * N + l) / per]. per divides N or N divides per; src is
 // readable N elements past the last one used.
 struct Expander {
-  std::int64_t per;
+  std::int64_t per = 1;
   int shift = -1;  // log2(per) when per is a power of two (always when per <= N)
   hn::Vec<hn::RebindToSigned<DF>> idx;
+  Expander() = default;
   Expander(std::int64_t per_lanes, std::int64_t N) : per(per_lanes) {
     const hn::RebindToSigned<DF> di;
-    std::int32_t tmp[64] = {};
-    for (std::int64_t l = 0; l < N && per < N; ++l) tmp[l] = static_cast<std::int32_t>(l / per);
-    idx = hn::LoadU(di, tmp);
     if ((per & (per - 1)) == 0) shift = std::countr_zero(static_cast<std::uint64_t>(per));
+    std::int32_t tmp[64] = {};
+    for (std::int64_t l = 0; l < N && per < N; ++l) tmp[l] = static_cast<std::int32_t>(l >> shift);
+    idx = hn::LoadU(di, tmp);
   }
   HWY_INLINE std::int64_t First(std::int64_t v, std::int64_t N) const { return shift >= 0 ? (v * N) >> shift : v * N / per; }
   HWY_INLINE VF operator()(const float* src, std::int64_t v) const {

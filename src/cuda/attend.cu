@@ -10,6 +10,8 @@
 // and the combine kernel merges the splits and undoes the value permutation.
 #include <cfloat>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "cuda/common.cuh"
@@ -407,7 +409,9 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
 // in flight while the groups compute on an earlier tile from shared memory.
 // Tokens below `sinks` (chunk 0's exact rows) are masked here; the general
 // kernel covers them and the tail.
-constexpr int kFastTile = 64;
+constexpr int kFastTile = 128;  // tokens per tile of the float32 kernel
+constexpr int kMmaTile = 64;    // tokens per tile of the tensor-core kernel (4 warps x 16)
+constexpr int kPiece = 64;      // tiles are copied in pieces of 64 rows: the window is a multiple of it
 constexpr int kStages = 3;
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -421,56 +425,79 @@ __device__ __forceinline__ void copy_range(unsigned char* dst, const unsigned ch
   for (int u = threadIdx.x; u < bytes / 16; u += kThreads) cp_async16(dst + u * 16, src + u * 16);
 }
 
+template <int TILE>
 struct FastLayout {  // byte offsets inside one stage
   int kc, vc, klo, ksc, vlo, vsc, stage;
   __host__ __device__ FastLayout(const AttnParams& p) {
     const auto pad = [](std::int64_t x) { return static_cast<int>((x + 15) & ~15LL); };
     kc = 0;
-    vc = pad(kFastTile * p.k.row_bytes);
-    klo = vc + pad(kFastTile * p.v.row_bytes);
-    ksc = klo + pad(static_cast<std::int64_t>(kFastTile) * p.k.G * p.meta_bytes);
-    vlo = ksc + pad(static_cast<std::int64_t>(kFastTile) * p.k.G * p.meta_bytes);
-    vsc = vlo + pad(static_cast<std::int64_t>(kFastTile) * p.v.G * p.meta_bytes);
-    stage = vsc + pad(static_cast<std::int64_t>(kFastTile) * p.v.G * p.meta_bytes);
+    vc = pad(TILE * p.k.row_bytes);
+    klo = vc + pad(TILE * p.v.row_bytes);
+    ksc = klo + pad(static_cast<std::int64_t>(TILE) * p.k.G * p.meta_bytes);
+    vlo = ksc + pad(static_cast<std::int64_t>(TILE) * p.k.G * p.meta_bytes);
+    vsc = vlo + pad(static_cast<std::int64_t>(TILE) * p.v.G * p.meta_bytes);
+    stage = vsc + pad(static_cast<std::int64_t>(TILE) * p.v.G * p.meta_bytes);
   }
 };
 
-// Starts the 16-byte copies of one 64-token tile (codes and metadata of keys
-// and values; rows t0.. of one slot) into stage `stage` of the ring.
-__device__ __forceinline__ void issue_tile(const AttnParams& p, const FastLayout& lay, unsigned char* ring, std::int64_t bh,
-                                           std::int64_t t0, int stage_index) {
+// Starts the 16-byte copies of rows [t0, t0 + n) of one slot (codes and
+// metadata of keys and values) into rows [r0, r0 + n) of stage `stage`.
+template <int TILE>
+__device__ __forceinline__ void issue_rows(const AttnParams& p, const FastLayout<TILE>& lay, unsigned char* stage,
+                                           std::int64_t bh, std::int64_t t0, int r0, int n) {
   const int mb = p.meta_bytes;
   const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
   const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
-  unsigned char* stage = ring + stage_index * lay.stage;
-  copy_range(stage + lay.kc, p.k.codes + slot * p.k.slot_codes + rowi * p.k.row_bytes, kFastTile * static_cast<int>(p.k.row_bytes));
-  copy_range(stage + lay.vc, p.v.codes + slot * p.v.slot_codes + rowi * p.v.row_bytes, kFastTile * static_cast<int>(p.v.row_bytes));
+  const int kr = static_cast<int>(p.k.row_bytes), vr = static_cast<int>(p.v.row_bytes);
+  copy_range(stage + lay.kc + r0 * kr, p.k.codes + slot * p.k.slot_codes + rowi * kr, n * kr);
+  copy_range(stage + lay.vc + r0 * vr, p.v.codes + slot * p.v.slot_codes + rowi * vr, n * vr);
   const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
-  copy_range(stage + lay.klo, p.k.lo + km, kFastTile * p.k.G * mb);
-  copy_range(stage + lay.ksc, p.k.scale + km, kFastTile * p.k.G * mb);
-  copy_range(stage + lay.vlo, p.v.lo + vm, kFastTile * p.v.G * mb);
-  copy_range(stage + lay.vsc, p.v.scale + vm, kFastTile * p.v.G * mb);
+  const int kmr = p.k.G * mb, vmr = p.v.G * mb;
+  copy_range(stage + lay.klo + r0 * kmr, p.k.lo + km, n * kmr);
+  copy_range(stage + lay.ksc + r0 * kmr, p.k.scale + km, n * kmr);
+  copy_range(stage + lay.vlo + r0 * vmr, p.v.lo + vm, n * vmr);
+  copy_range(stage + lay.vsc + r0 * vmr, p.v.scale + vm, n * vmr);
 }
 
 // The tiles of one block's token range [t_begin, t_end) in the packed body,
 // streamed through the kStages-deep shared-memory ring: start() fills the
 // first stages; acquire(tile) waits for a tile, starts the copy of the one
-// kStages - 1 ahead and returns the tile's stage.
+// kStages - 1 ahead and returns the tile's stage. A tile is copied in as few
+// runs of rows as the slots (windows) it spans allow; rows past t_end are
+// not copied (the last tile may be partial).
+template <int TILE>
 struct TileStream {
   const AttnParams& p;
-  const FastLayout& lay;
+  const FastLayout<TILE>& lay;
   unsigned char* ring;
   std::int64_t bh, t_begin, t_end;
   int n_tiles;
 
-  __device__ TileStream(const AttnParams& p_, const FastLayout& lay_, unsigned char* ring_, std::int64_t bh_, int split)
+  __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
       : p(p_), lay(lay_), ring(ring_), bh(bh_) {
     t_begin = static_cast<std::int64_t>(split) * p.split_len;
     t_end = min(p.q_end, t_begin + p.split_len);
-    n_tiles = static_cast<int>((t_end - t_begin + kFastTile - 1) / kFastTile);
+    n_tiles = static_cast<int>((t_end - t_begin + TILE - 1) / TILE);
   }
-  __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * kFastTile; }
-  __device__ void issue(int tile) const { issue_tile(p, lay, ring, bh, first_token(tile), tile % kStages); }
+  __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * TILE; }
+  // rows of the tile that hold tokens of the range
+  __device__ int live_rows(int tile) const {
+    const std::int64_t left = t_end - first_token(tile);
+    return left < TILE ? static_cast<int>(left) : TILE;
+  }
+  __device__ void issue(int tile) const {
+    unsigned char* stage = ring + (tile % kStages) * lay.stage;
+    const std::int64_t t0 = first_token(tile);
+    const int live = live_rows(tile);
+    for (int r = 0; r < live;) {  // runs inside one window (window and t0 are multiples of kPiece)
+      const std::int64_t t = t0 + r;
+      const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
+      const int in_window = static_cast<int>((slot + 1) * p.window - t);
+      const int n = min(live - r, in_window);
+      issue_rows(p, lay, stage, bh, t, r, n);
+      r += n;
+    }
+  }
   __device__ void start() const {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -491,7 +518,7 @@ template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int kSub = NQ >= 4 ? 2 : kTile;  // tokens per group per softmax step (registers)
-  const FastLayout lay(p);
+  const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   const int mb = p.meta_bytes;
@@ -500,19 +527,20 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   st.template init_int<KB>();
   const int kgrp = (lane * kCPL) / p.group;
-  const TileStream tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
     const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);  // rows past it hold stale bytes: masked, values zeroed
     // Visible tokens of the tile, relative to its first: [lo, hi[n]] (32-bit compares per token).
     auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
     const int lo = rel(p.sinks);
     int hi[NQ];
 #pragma unroll
-    for (int n = 0; n < NQ; ++n) hi[n] = rel(st.limit[n]);
-#pragma unroll
-    for (int u0 = 0; u0 < kTile; u0 += kSub) {
+    for (int n = 0; n < NQ; ++n) hi[n] = min(rel(st.limit[n]), live - 1);
+#pragma unroll 1
+    for (int u0 = 0; u0 < kFastTile / kGroups; u0 += kSub) {
       float s[kSub][NQ];
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
@@ -535,7 +563,9 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
         LaneCodes<VB> vc;
         vc.load_shared(stage + lay.vc + local * (kLanes * LaneCodes<VB>::kBytes) + lane * LaneCodes<VB>::kBytes);
         const int mo = (local * p.v.G + kgrp) * mb;
-        st.add_packed_value(vc, load_meta(stage + lay.vsc + mo, META), load_meta(stage + lay.vlo + mo, META), pw, u);
+        const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
+        st.add_packed_value(vc, ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f,
+                            ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f, pw, u);
       }
     }
     __syncthreads();  // the stage is refilled two tiles later
@@ -591,7 +621,7 @@ struct PairMap {  // pair p of a row: two channels of one 32-bit word
 template <int KB, int VB, int META>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
-  const FastLayout lay(p);
+  const FastLayout<kMmaTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gid = lane / 4, tig = lane % 4;
@@ -636,7 +666,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   for (int c = 0; c < 16; ++c) o[c][0] = o[c][1] = 0.0f;
   float m = -INFINITY, l = 0.0f, lo_acc[kMmaMaxGroups] = {0, 0, 0, 0};
 
-  const TileStream tiles(p, lay, ring, bh, split);
+  const TileStream<kMmaTile> tiles(p, lay, ring, bh, split);
   tiles.start();
   constexpr int kRowWordsK = 128 * KB / 32, kRowWordsV = 128 * VB / 32;
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
@@ -801,14 +831,29 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
+// Lets `kernel` use up to `smem` bytes of dynamic shared memory. The
+// attribute is a host call per kernel; it is set once, to the largest size
+// asked for so far (occupancy depends on the size of each launch, not on it).
+template <typename Kernel>
+void allow_smem(Kernel kernel, int smem) {
+  static std::mutex mu;
+  static std::map<const void*, int> allowed;
+  const std::lock_guard<std::mutex> lock(mu);
+  int& have = allowed[reinterpret_cast<const void*>(kernel)];
+  if (smem > have) {
+    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    have = smem;
+  }
+}
+
 template <int KB, int VB>
 void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
-  const int smem = kStages * FastLayout(p).stage;
+  const int smem = kStages * FastLayout<kMmaTile>(p).stage;
   for (int row = 0; row < n_rows; row += 8) {
     auto go = [&](auto kernel) {
-      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      allow_smem(kernel, smem);
       kernel<<<grid, kThreads, smem, stream>>>(p, row);
       SKVQ_CUDA_LAUNCH_CHECK();
     };
@@ -818,34 +863,64 @@ void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   }
 }
 
+// One block per query row: the splits' maxima and weights in shared memory
+// first (any number of splits), then each thread sums one channel over the
+// splits with independent loads.
 __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+  extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
+  __shared__ float red[kD];
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
   const int j = threadIdx.x;
+  const float* ms = p.ws_m + qrow * p.splits;
+  const float* ls = p.ws_l + qrow * p.splits;
   float M = -INFINITY;
-  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.ws_m[qrow * p.splits + s]);
-  float L = 0.0f, A = 0.0f;
-  for (int s = 0; s < p.splits; ++s) {
-    const float ms = p.ws_m[qrow * p.splits + s];
-    if (ms == -INFINITY) continue;
-    const float w = fast_exp2(ms - M);
-    L += p.ws_l[qrow * p.splits + s] * w;
-    A += p.ws_acc[(qrow * p.splits + s) * kD + j] * w;
+  for (int s = j; s < p.splits; s += kD) M = fmaxf(M, ms[s]);
+  red[j] = M;
+  __syncthreads();
+  for (int w = kD / 2; w > 0; w /= 2) {
+    if (j < w) red[j] = fmaxf(red[j], red[j + w]);
+    __syncthreads();
   }
+  M = red[0];
+  __syncthreads();
+  float L = 0.0f;
+  for (int s = j; s < p.splits; s += kD) {
+    const float w = ms[s] == -INFINITY ? 0.0f : fast_exp2(ms[s] - M);
+    sw[s] = w;
+    L += ls[s] * w;
+  }
+  red[j] = L;
+  __syncthreads();
+  for (int w = kD / 2; w > 0; w /= 2) {
+    if (j < w) red[j] += red[j + w];
+    __syncthreads();
+  }
+  L = red[0];
+  const float* acc = p.ws_acc + qrow * p.splits * kD + j;
+  float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
+  int s = 0;
+  for (; s + 4 <= p.splits; s += 4) {
+    A0 = fmaf(acc[s * kD], sw[s], A0);
+    A1 = fmaf(acc[(s + 1) * kD], sw[s + 1], A1);
+    A2 = fmaf(acc[(s + 2) * kD], sw[s + 2], A2);
+    A3 = fmaf(acc[(s + 3) * kD], sw[s + 3], A3);
+  }
+  for (; s < p.splits; ++s) A0 = fmaf(acc[s * kD], sw[s], A0);
   const int dst = vperm_all ? vperm_all[h * kD + j] : j;
-  out[qrow * kD + dst] = A / L;
+  out[qrow * kD + dst] = ((A0 + A1) + (A2 + A3)) / L;
 }
 
 template <int KB, int VB>
 void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
-  const int smem = kStages * FastLayout(p).stage;
+  const int smem = kStages * FastLayout<kFastTile>(p).stage;
   int row = 0;
   while (row < n_rows) {
     const int left = n_rows - row;
     auto go = [&](auto kernel, int nq) {
-      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      allow_smem(kernel, smem);
       kernel<<<grid, kThreads, smem, stream>>>(p, row);
       SKVQ_CUDA_LAUNCH_CHECK();
       row += nq;
@@ -866,11 +941,21 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
 template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq, nq = n_rows >= 4 ? 4 : n_rows >= 2 ? 2 : 1;
-  const int smem = kStages * FastLayout(p).stage;
+  const int smem = kStages * FastLayout<kFastTile>(p).stage;
   int blocks = 0;
-  auto occ = [&](auto kernel) {
-    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  auto occ = [&](auto kernel) {  // cached per (kernel, shared memory): a host calculation per call otherwise
+    static std::mutex mu;
+    static std::map<std::pair<const void*, int>, int> cache;
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::make_pair(reinterpret_cast<const void*>(kernel), smem);
+    const auto it = cache.find(key);
+    if (it != cache.end()) {
+      blocks = it->second;
+      return;
+    }
+    allow_smem(kernel, smem);
     SKVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+    cache[key] = blocks;
   };
   auto by_meta = [&](auto k16, auto k32, auto k8) {
     if (p.meta == 0) occ(k16);
@@ -969,7 +1054,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   }
   // Packed body through the pipelined kernel when tiles of 64 rows fit the window;
   // exact sinks and tail (and everything else) through the general kernel.
-  const bool fast = !dense && p.window % kFastTile == 0 && p.q_end > 0;
+  const bool fast = !dense && p.window % kPiece == 0 && p.q_end > 0;
   int fast_splits = 0;
   AttnParams gen = p;
   if (fast) {
@@ -1019,7 +1104,9 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
   }
-  combine_kernel<<<static_cast<unsigned>(rows), kD, 0, stream>>>(p, dense ? nullptr : p.v.perm, out);
+  const int combine_smem = p.splits * static_cast<int>(sizeof(float));
+  allow_smem(combine_kernel, combine_smem);
+  combine_kernel<<<static_cast<unsigned>(rows), kD, combine_smem, stream>>>(p, dense ? nullptr : p.v.perm, out);
   SKVQ_CUDA_LAUNCH_CHECK();
   SKVQ_CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
