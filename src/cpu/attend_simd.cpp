@@ -10,10 +10,11 @@
 // end. Partial (max, sum, acc) of the splits are combined in float32.
 #include "cpu/attend_simd.hpp"
 
+
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -587,10 +588,10 @@ void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int
   const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
   const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
   const std::uint8_t* codes = ch.codes.data() + bh * cph + i0 * fp.R * 4;
-  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) __builtin_prefetch(codes + o, 0, 2);
+  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) __builtin_prefetch(codes + o, 0, 3);
   for (std::int64_t o = 0; o < n * mrow; o += 64) {
-    __builtin_prefetch(ch.lo.data() + bh * mph + i0 * mrow + o, 0, 2);  // to L2: a block is several KiB
-    __builtin_prefetch(ch.scale.data() + bh * mph + i0 * mrow + o, 0, 2);
+    __builtin_prefetch(ch.lo.data() + bh * mph + i0 * mrow + o, 0, 3);
+    __builtin_prefetch(ch.scale.data() + bh * mph + i0 * mrow + o, 0, 3);
   }
 }
 
@@ -690,7 +691,7 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
     std::fill(out.acc_p + qi * Dvp, out.acc_p + (qi + 1) * Dvp, 0.0f);
   }
   std::int64_t pf = t_begin;  // packed rows before pf have been prefetched
-  static const std::int64_t kAhead = std::getenv("SKVQ_AHEAD") ? std::atoll(std::getenv("SKVQ_AHEAD")) : 128;
+  constexpr std::int64_t kAhead = 256;  // tokens: a few blocks, a few KiB per side
   for (std::int64_t t = t_begin; t < t_end;) {
     const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
     const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
