@@ -74,7 +74,8 @@ void run_case(const Case& c, std::uint32_t seed) {
         const double vb = std::max(rs.vmax, pb.av);
         // Scores: dot products of D terms (both kernels); weighted sums: T terms.
         const double ds = static_cast<double>(c.D + 16) * kU32 * (2 * rs.s_abs + pb.ak) + pb.qk;
-        const double tol_impl = ((std::exp(2 * ds) - 1) + 2 * static_cast<double>(c.kv_len + 16) * kU32 + 8 * kU32) * vb;
+        const double tol_impl =
+            ((std::exp(2 * ds) - 1) + 2 * static_cast<double>(c.kv_len + 16) * kU32 + 8 * kU32) * vb + pb.vq;
         // attend reads float32 reconstructions; the dense tensors hold them rounded to the dtype.
         const double eps = u * rs.s_abs;
         const double tol_dense = ((std::exp(2 * eps) - 1) + u) * rs.vmax * 1.01 + tol_impl;

@@ -1,6 +1,8 @@
 // Saving and loading prompt caches: bit-identical continuation, atomic
 // writes, and clear errors for damaged or foreign files.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -143,10 +145,11 @@ std::vector<std::uint8_t> with_header(const std::vector<std::uint8_t>& bytes,
   nlohmann::json h = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hl));
   edit(h);
   const std::string hs = h.dump();
-  std::vector<std::uint8_t> out(8);
+  const std::size_t rest = bytes.size() - 8 - static_cast<std::size_t>(hl);
+  std::vector<std::uint8_t> out(8 + hs.size() + rest);
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(hs.size() >> (8 * i));
-  out.insert(out.end(), hs.begin(), hs.end());
-  out.insert(out.end(), bytes.begin() + 8 + static_cast<std::ptrdiff_t>(hl), bytes.end());
+  std::memcpy(out.data() + 8, hs.data(), hs.size());
+  std::memcpy(out.data() + 8 + hs.size(), bytes.data() + 8 + hl, rest);
   return out;
 }
 

@@ -574,6 +574,161 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
   }
 }
 
+// ---------------------------------------------------------------------------
+// Values through VNNI (AVX3_DL; 1, 2, 4 or 8 bits, 16-64 bytes a row, at most
+// 4 groups a row): per block, the weights u = p * scale of every (row, group)
+// are rounded to 16 bits against the block's largest, u ~ sw * (256 hi + lo)
+// (hi, lo int8), and the rows are taken 4 at a time: `vpermi2b` puts byte
+// `pos` of the 4 rows side by side in one 32-bit lane, a shift and a mask
+// leave one code per byte, and `vpdpbusd` adds the 4 rows' codes times their
+// weights. Integer sums live for one block (at most 16 * 4 * 255 * 127 per
+// lane), then go to float slots [J][8 / bits][16] (J = row bytes / 16; lane l
+// of slot (j, m) is code m of byte 16 j + l of a row).
+// Error: |u - sw q| <= sw / 2 = umax / 65024 per (row, group), so a block
+// moves sum(p x) by at most n * umax * (2^b - 1) / 65024 <= 64 (2^b - 1)
+// max(scale) / 65024 of the sum of weights (docs/numerics.md).
+// ---------------------------------------------------------------------------
+struct VnniValuePlan {
+  bool ok = false;
+  std::int64_t J = 0, per_byte = 0;
+  std::int64_t slots() const { return J * per_byte * 16; }
+};
+
+VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
+  VnniValuePlan v;
+  const std::int64_t RB = fv.R * 4;
+  if (!kVnni || !fv.ok || (RB != 16 && RB != 32 && RB != 64) || fv.G > 4 || 4 % fv.G != 0) return v;
+  v.ok = true;
+  v.J = RB / 16;
+  v.per_byte = 8 / fv.bits;
+  return v;
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+template <int BITS, int J>  // J: row bytes / 16 (compile-time: the accumulators stay in registers)
+void VnniValuesT(const FusedPlan& fp, const std::uint8_t* codes, std::int64_t n, const float* w, const float* lo,
+                 const float* sc, float* accv, float* lov) {
+  constexpr int kPerByte = 8 / BITS;
+  constexpr std::int64_t RB = 16 * J;
+  const std::int64_t G = fp.G;
+  const DF d;
+  // weights u[t * G + g] for t < n (rows from n on: 0)
+  alignas(64) float u[kFused * 4 + 64];
+  alignas(64) std::int32_t qh[kFused * 4 + 64], ql[kFused * 4 + 64];
+  const std::int64_t n4 = (n + 3) / 4 * 4, entries = n4 * G;
+  const Expander per_row(G, 16);
+  const std::int64_t end = (entries + 15) / 16 * 16;
+  for (std::int64_t e = 0; e < end; e += 16) hn::Store(hn::Mul(per_row(w, e / 16), hn::LoadU(d, sc + e)), d, u + e);
+  std::fill(u + n * G, u + end, 0.0f);  // rows past n (their w and scale may be stale)
+  VF vmax = hn::Zero(d);
+  for (std::int64_t e = 0; e < end; e += 16) vmax = hn::Max(vmax, hn::Load(d, u + e));
+  const float umax = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  if (!(umax > 0.0f)) return;
+  const float sw = umax / 32512.0f;
+  const VF vsw = hn::Set(d, sw);
+  const hn::RebindToSigned<DF> di;
+  for (std::int64_t e = 0; e < end; e += 16) {
+    const auto q = hn::NearestInt(hn::Div(hn::Load(d, u + e), vsw));
+    const auto h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
+    hn::Store(h, di, qh + e);
+    hn::Store(hn::Sub(q, hn::ShiftLeft<8>(h)), di, ql + e);
+  }
+  // byte shuffle of a quad's 4G weights, rows-major -> groups-major
+  alignas(16) std::int8_t tr[16];
+  for (std::int64_t g = 0; g < 4; ++g)
+    for (std::int64_t t = 0; t < 4; ++t) tr[g * 4 + t] = static_cast<std::int8_t>(g < G ? t * G + g : 0);
+  const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(tr));
+  // vpermi2b indices: lane l of output j takes byte 16 j + l of rows 0..3
+  alignas(64) std::uint8_t ix[4][64];
+  for (std::int64_t j = 0; j < J; ++j)
+    for (std::int64_t l = 0; l < 16; ++l)
+      for (std::int64_t t = 0; t < 4; ++t) {
+        const std::int64_t src = t * RB + 16 * j + l;  // byte of the quad's 4 RB bytes
+        ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + 16 * j + l : src);
+      }
+  // group of each lane of output j
+  __m512i gsel[J];
+  for (std::int64_t j = 0; j < J; ++j) {
+    alignas(64) std::int32_t gi[16];
+    for (std::int64_t l = 0; l < 16; ++l) gi[l] = static_cast<std::int32_t>(((16 * j + l) / 4) / fp.lpg);
+    gsel[j] = _mm512_load_si512(gi);
+  }
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  __m512i ah[J][kPerByte], al[J][kPerByte];
+  for (std::int64_t j = 0; j < J; ++j)
+    for (int m = 0; m < kPerByte; ++m) ah[j][m] = al[j][m] = _mm512_setzero_si512();
+  alignas(64) std::uint8_t pad[256];
+  for (std::int64_t t0 = 0; t0 < n; t0 += 4) {
+    const std::uint8_t* src = codes + t0 * RB;
+    if (t0 + 4 > n) {  // last, partial quad: zero rows (their weights are zero too)
+      std::memset(pad, 0, sizeof(pad));
+      std::memcpy(pad, src, static_cast<std::size_t>((n - t0) * RB));
+      src = pad;
+    }
+    // weights of the quad: dword g = 4 rows' int8 weights of group g
+    const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
+    const __m128i bh = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + t0 * G)), trv);
+    const __m128i bl = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + t0 * G)), trv);
+    const __m512i th = _mm512_castsi128_si512(bh), tl = _mm512_castsi128_si512(bl);
+    const __m512i x0 = _mm512_loadu_si512(src);
+    __m512i x1 = x0, x2 = x0, x3 = x0;
+    if constexpr (RB >= 32) x1 = _mm512_loadu_si512(src + 64);
+    if constexpr (RB == 64) {
+      x2 = _mm512_loadu_si512(src + 128);
+      x3 = _mm512_loadu_si512(src + 192);
+    }
+    for (std::int64_t j = 0; j < J; ++j) {
+      const __m512i idx = _mm512_load_si512(ix[j]);
+      __m512i y;
+      if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
+        const __m512i y01 = _mm512_permutex2var_epi8(x0, idx, x1), y23 = _mm512_permutex2var_epi8(x2, idx, x3);
+        y = _mm512_mask_blend_epi8(static_cast<__mmask64>(0xCCCCCCCCCCCCCCCCull), y01, y23);
+      } else {
+        y = _mm512_permutex2var_epi8(x0, idx, x1);
+      }
+      const __m512i wh = _mm512_permutexvar_epi32(gsel[j], th), wl = _mm512_permutexvar_epi32(gsel[j], tl);
+      for (int m = 0; m < kPerByte; ++m) {
+        __m512i c = m == 0 ? y : _mm512_srli_epi32(y, static_cast<unsigned>(m * BITS));
+        if constexpr (BITS < 8) c = _mm512_and_si512(c, mask);
+        ah[j][m] = Dpbusd(ah[j][m], c, wh);
+        al[j][m] = Dpbusd(al[j][m], c, wl);
+      }
+    }
+  }
+  const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
+  for (std::int64_t j = 0; j < J; ++j)
+    for (int m = 0; m < kPerByte; ++m) {
+      float* slot = accv + (j * kPerByte + m) * 16;
+      const VF fh{_mm512_cvtepi32_ps(ah[j][m])}, fl{_mm512_cvtepi32_ps(al[j][m])};
+      hn::Store(hn::MulAdd(fh, s_hi, hn::MulAdd(fl, s_lo, hn::Load(d, slot))), d, slot);
+    }
+  // sum_t p_t lo_t per group, as in FusedValues
+  const Expander per_group(G, 16);
+  VF l = hn::Load(d, lov);
+  for (std::int64_t e = 0; e < n * G; e += 16) l = hn::MulAdd(per_group(w, e / 16), hn::LoadU(d, lo + e), l);
+  hn::Store(l, d, lov);
+}
+#endif
+
+void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
+                const float* lo, const float* sc, float* accv, float* lov) {
+#if HWY_TARGET == HWY_AVX3_DL
+  auto by_j = [&](auto f1, auto f2, auto f4) {
+    if (vp.J == 1) f1(fp, codes, n, w, lo, sc, accv, lov);
+    else if (vp.J == 2) f2(fp, codes, n, w, lo, sc, accv, lov);
+    else f4(fp, codes, n, w, lo, sc, accv, lov);
+  };
+  switch (fp.bits) {
+    case 1: return by_j(VnniValuesT<1, 1>, VnniValuesT<1, 2>, VnniValuesT<1, 4>);
+    case 2: return by_j(VnniValuesT<2, 1>, VnniValuesT<2, 2>, VnniValuesT<2, 4>);
+    case 4: return by_j(VnniValuesT<4, 1>, VnniValuesT<4, 2>, VnniValuesT<4, 4>);
+    default: return by_j(VnniValuesT<8, 1>, VnniValuesT<8, 2>, VnniValuesT<8, 4>);
+  }
+#else
+  (void)fp, (void)vp, (void)codes, (void)n, (void)w, (void)lo, (void)sc, (void)accv, (void)lov;
+#endif
+}
+
 // Asks for the code words and metadata of packed rows [t0, t0 + n) of one side
 // ahead of their use: every chunk is a separate allocation, so the hardware
 // prefetchers would restart at each window boundary.
@@ -598,7 +753,7 @@ void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int
 // The packed rows [t0, t0 + n) of one side: where their code words start, and
 // their (lot, sct) metadata.
 const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h,
-                              std::int64_t t0, std::int64_t n, float* lot, float* sct) {
+                              std::int64_t t0, std::int64_t n, float* lot, float* sct, bool affine = true) {
   const detail::SkvqState& st = *p.st;
   const detail::Side& s = side == 0 ? st.k : st.v;
   const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
@@ -613,6 +768,10 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), m = n * fp.G;
   const VF two_b = hn::Set(d, static_cast<float>(1 << fp.bits));
   std::int64_t e = 0;
+  if (!affine) {  // lo and scale as stored
+    LoadMeta(lo, sc, st.cfg.metadata, m, lot, sct);
+    return ch.codes.data() + bh * cph + i0 * fp.R * 4;
+  }
   if (st.cfg.metadata == MetaType::fp16) {  // one pass: convert and transform
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto* lh = reinterpret_cast<const hwy::float16_t*>(lo);
@@ -657,6 +816,8 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
   auto klo = alloc(kFused * fk.G + L), ksc = alloc(kFused * fk.G + L);
   auto accx = alloc(nq * xstride), lov = alloc(nq * fv.Lp);
   auto vlo = alloc(kFused * fv.G + L), vsc = alloc(kFused * fv.G + L);
+  const VnniValuePlan vv = PlanVnniValues(fv);
+  auto accv = alloc(nq * vv.slots());
   const bool vnni = kVnni && fk.ok;
   const std::int64_t vbytes = vnni ? (8 / fk.bits) * fk.P * 4 * L : 0;
   auto vnni_q = hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * nq * vbytes, 1)));
@@ -755,13 +916,22 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
         }
         float* ax = accx.get() + qi * xstride;
         for (std::int64_t j = 0; j < xstride; j += L) hn::Store(hn::Mul(hn::Load(d, ax + j), vc), d, ax + j);
+        float* av = accv.get() + qi * vv.slots();
+        for (std::int64_t j = 0; j < vv.slots(); j += L) hn::Store(hn::Mul(hn::Load(d, av + j), vc), d, av + j);
         float* lo = lov.get() + qi * fv.Lp;
         for (std::int64_t j = 0; j < fv.Lp; j += L) hn::Store(hn::Mul(hn::Load(d, lo + j), vc), d, lo + j);
       }
       out.m[qi] = m_new;
     }
     // Values.
-    if (use_v) {
+    if (use_v && vv.ok) {
+      const std::uint8_t* codes = FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get(), false);
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
+        VnniValues(fv, vv, codes, n, S.get() + qi * sstride, vlo.get(), vsc.get(), accv.get() + qi * vv.slots(),
+                   lov.get() + qi * fv.Lp);
+      }
+    } else if (use_v) {
       const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get()), n * fv.R, L);
       const FusedBlock blk{wb, n, vlo.get(), vsc.get()};
       for (std::int64_t qi = 0; qi < nq; ++qi) {
@@ -793,6 +963,13 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
         for (std::int64_t ph = 0; ph < fv.P; ++ph)
           for (std::int64_t lane = 0; lane < L; ++lane) {
             ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
+          }
+      const float* av = accv.get() + qi * vv.slots();
+      for (std::int64_t j = 0; j < vv.J; ++j)
+        for (std::int64_t m = 0; m < vv.per_byte; ++m)
+          for (std::int64_t l = 0; l < 16; ++l) {
+            const std::int64_t pos = 16 * j + l;  // byte of the row; code m of it
+            ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
           }
       const float* lo = lov.get() + qi * fv.Lp;
       for (std::int64_t l = 0; l < fv.Lp; ++l) {
