@@ -1,13 +1,16 @@
 // SIMD decode/prefill attention straight from the packed store.
 //
 // Work is split into tasks (b, kv head, token range); each task walks its
-// range in blocks of up to kBlock tokens that lie in one segment (exact sinks,
-// one packed chunk, exact tail, or dense rows), decodes the block's K and V
-// rows to float32 scratch once, and serves every query row of the KV head's
-// group (grouped-query attention) with an online softmax. Packed rows stay in
-// the permuted channel order: scores use the permuted query, values
-// accumulate into a permuted accumulator that is inverse-permuted once at the
-// end. Partial (max, sum, acc) of the splits are combined in float32.
+// range in blocks that lie in one segment (exact sinks, one packed chunk,
+// exact tail, or dense rows) and serves every query row of the KV head's
+// group (grouped-query attention) with an online softmax. Packed blocks of
+// the common layouts (1, 2, 4 or 8 bits, whole 32-bit words a row) take the
+// fused path below: scores and value sums straight from the code words (VNNI
+// integer dot products on AVX3_DL, codes as float mantissas elsewhere); other
+// blocks are decoded to float32 rows first. Packed rows stay in the permuted
+// channel order: scores use the permuted query, values accumulate into a
+// permuted accumulator that is inverse-permuted once at the end. Partial
+// (max, sum, acc) of the splits are combined in float32.
 #include "cpu/attend_simd.hpp"
 
 
