@@ -594,6 +594,12 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
 struct VnniValuePlan {
   bool ok = false;
   std::int64_t J = 0, per_byte = 0;
+  // byte shuffle of a quad's 4G weights, rows-major -> groups-major
+  alignas(16) std::int8_t tr[16] = {};
+  // vpermi2b indices: byte 4 l + t of output j is byte 16 j + l of row t of a quad
+  alignas(64) std::uint8_t ix[4][64] = {};
+  // group of lane l of output j
+  alignas(64) std::int32_t gsel[4][16] = {};
   std::int64_t slots() const { return J * per_byte * 16; }
 };
 
@@ -604,13 +610,22 @@ VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
   v.ok = true;
   v.J = RB / 16;
   v.per_byte = 8 / fv.bits;
+  for (std::int64_t g = 0; g < 4; ++g)
+    for (std::int64_t t = 0; t < 4; ++t) v.tr[g * 4 + t] = static_cast<std::int8_t>(g < fv.G ? t * fv.G + g : 0);
+  for (std::int64_t j = 0; j < v.J; ++j)
+    for (std::int64_t l = 0; l < 16; ++l) {
+      for (std::int64_t t = 0; t < 4; ++t) {  // two source vectors: rows 0-1 and 2-3 when a row is 64 bytes
+        v.ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + 16 * j + l : t * RB + 16 * j + l);
+      }
+      v.gsel[j][l] = static_cast<std::int32_t>(((16 * j + l) / 4) / fv.lpg);
+    }
   return v;
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
 template <int BITS, int J>  // J: row bytes / 16 (compile-time: the accumulators stay in registers)
-void VnniValuesT(const FusedPlan& fp, const std::uint8_t* codes, std::int64_t n, const float* w, const float* lo,
-                 const float* sc, float* accv, float* lov) {
+void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
+                 const float* lo, const float* sc, float* accv, float* lov) {
   constexpr int kPerByte = 8 / BITS;
   constexpr std::int64_t RB = 16 * J;
   const std::int64_t G = fp.G;
@@ -636,26 +651,9 @@ void VnniValuesT(const FusedPlan& fp, const std::uint8_t* codes, std::int64_t n,
     hn::Store(h, di, qh + e);
     hn::Store(hn::Sub(q, hn::ShiftLeft<8>(h)), di, ql + e);
   }
-  // byte shuffle of a quad's 4G weights, rows-major -> groups-major
-  alignas(16) std::int8_t tr[16];
-  for (std::int64_t g = 0; g < 4; ++g)
-    for (std::int64_t t = 0; t < 4; ++t) tr[g * 4 + t] = static_cast<std::int8_t>(g < G ? t * G + g : 0);
-  const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(tr));
-  // vpermi2b indices: lane l of output j takes byte 16 j + l of rows 0..3
-  alignas(64) std::uint8_t ix[4][64];
-  for (std::int64_t j = 0; j < J; ++j)
-    for (std::int64_t l = 0; l < 16; ++l)
-      for (std::int64_t t = 0; t < 4; ++t) {
-        const std::int64_t src = t * RB + 16 * j + l;  // byte of the quad's 4 RB bytes
-        ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + 16 * j + l : src);
-      }
-  // group of each lane of output j
+  const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(vp.tr));
   __m512i gsel[J];
-  for (std::int64_t j = 0; j < J; ++j) {
-    alignas(64) std::int32_t gi[16];
-    for (std::int64_t l = 0; l < 16; ++l) gi[l] = static_cast<std::int32_t>(((16 * j + l) / 4) / fp.lpg);
-    gsel[j] = _mm512_load_si512(gi);
-  }
+  for (int j = 0; j < J; ++j) gsel[j] = _mm512_load_si512(vp.gsel[j]);
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
   __m512i ah[J][kPerByte], al[J][kPerByte];
   for (std::int64_t j = 0; j < J; ++j)
@@ -681,7 +679,7 @@ void VnniValuesT(const FusedPlan& fp, const std::uint8_t* codes, std::int64_t n,
       x3 = _mm512_loadu_si512(src + 192);
     }
     for (std::int64_t j = 0; j < J; ++j) {
-      const __m512i idx = _mm512_load_si512(ix[j]);
+      const __m512i idx = _mm512_load_si512(vp.ix[j]);
       __m512i y;
       if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
         const __m512i y01 = _mm512_permutex2var_epi8(x0, idx, x1), y23 = _mm512_permutex2var_epi8(x2, idx, x3);
@@ -717,9 +715,9 @@ void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t
                 const float* lo, const float* sc, float* accv, float* lov) {
 #if HWY_TARGET == HWY_AVX3_DL
   auto by_j = [&](auto f1, auto f2, auto f4) {
-    if (vp.J == 1) f1(fp, codes, n, w, lo, sc, accv, lov);
-    else if (vp.J == 2) f2(fp, codes, n, w, lo, sc, accv, lov);
-    else f4(fp, codes, n, w, lo, sc, accv, lov);
+    if (vp.J == 1) f1(fp, vp, codes, n, w, lo, sc, accv, lov);
+    else if (vp.J == 2) f2(fp, vp, codes, n, w, lo, sc, accv, lov);
+    else f4(fp, vp, codes, n, w, lo, sc, accv, lov);
   };
   switch (fp.bits) {
     case 1: return by_j(VnniValuesT<1, 1>, VnniValuesT<1, 2>, VnniValuesT<1, 4>);
