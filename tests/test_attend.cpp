@@ -109,6 +109,32 @@ TEST(Attend, MatchesDenseAttentionOverReturnedTensors) {
   }
 }
 
+// Random shapes inside the fused paths' layouts (1/2/4/8 bits, D and groups
+// of whole 32-bit words): VNNI keys and values, partial quads and blocks,
+// grouped-query rows, causal prefill, every metadata mode and dtype.
+TEST(Attend, RandomFusedLayouts) {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 100; ++trial) {
+    Case c;
+    c.B = 1 + rng() % 2;
+    c.H = 1 + rng() % 2;
+    c.G = std::vector<std::int64_t>{1, 2, 4}[rng() % 3];
+    c.window = std::vector<int>{16, 32, 64, 128}[rng() % 4];
+    c.kv_len = 1 + rng() % (3 * c.window + 70);
+    c.Sq = 1 + rng() % std::min<std::int64_t>(c.kv_len, 4);
+    c.D = std::vector<std::int64_t>{32, 64, 128, 256}[rng() % 4];
+    c.Dv = rng() % 4 ? c.D : 64;
+    c.n_sink = static_cast<int>(rng() % c.window);
+    c.group = std::vector<int>{16, 32, 64, 128}[rng() % 4];
+    c.bk = std::vector<int>{1, 2, 4, 8}[rng() % 4];
+    c.bv = std::vector<int>{1, 2, 4, 8}[rng() % 4];
+    c.meta = static_cast<MetaType>(rng() % 3);
+    c.dtype = static_cast<DType>(rng() % 3);
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    run_case(c, 5000 + static_cast<std::uint32_t>(trial) * 7);
+  }
+}
+
 TEST(Attend, RandomShapes) {
   std::mt19937 rng(77);
   for (int trial = 0; trial < 30; ++trial) {
