@@ -45,8 +45,16 @@ struct Case {
   std::vector<std::int64_t> calls;  // token counts per append
 };
 
+Config no_search(Config c, float alpha) {  // one clip factor: the flush kernel's single-factor path
+  c.clip_search = false;
+  c.clip_alpha = alpha;
+  return c;
+}
+
 std::vector<Case> cases() {
   return {
+      {no_search(gpu_config(128, 5, 128, 2, 2, MetaType::fp16), 0.92f), 1, 2, 300, {300}},
+      {no_search(gpu_config(64, 3, 32, 4, 2, MetaType::fp8_e4m3), 1.0f), 2, 1, 150, {70, 80}},
       {gpu_config(128, 5, 128, 2, 2, MetaType::fp16), 1, 4, 700, {700}},
       {gpu_config(128, 5, 32, 4, 4, MetaType::fp16), 2, 2, 300, {1, 130, 2, 167}},
       {gpu_config(16, 4, 32, 2, 2, MetaType::fp8_e4m3), 1, 3, 100, {10, 6, 16, 68}},

@@ -85,8 +85,57 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
 // Block: one (chunk, b*H + h, block of rows); thread: one (row, group). The
 // block stages its rows in shared memory already permuted and padded, as
 // float, with an odd row stride so that the threads' reads fall in distinct banks.
+// One thread per (row, group). Rows are staged in shared memory as T: fp16
+// (the input dtype, exact) where shared memory limits the blocks per SM
+// (long groups), float elsewhere (no conversion per read).
+// Up to kMaxGrid clip factors are scored side by side: each factor's error
+// is still the spec's sum in slot order, but the factors' chains are
+// independent, so their additions overlap instead of waiting on each other.
+constexpr int kMaxGrid = 8;
+
+// Clip factors a0 .. a0 + NA - 1 of one group scored side by side (each one's
+// error summed in slot order, as the spec fixes); the best so far is kept,
+// ties to the earlier factor.
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <int NA, typename T>
+__device__ __forceinline__ void score_factors(const FlushParams& f, const T* xs, int g, int a0, float mid, float rng,
+                                              float levels, float inv_g, float& best_err, float& best_lo,
+                                              float& best_scale) {
+  float lo[NA], scale[NA], inv[NA], err[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const float tt = __fmul_rn(f.grid[a0 + a], rng);
+    lo[a] = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
+    scale[a] = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
+    round_meta(f.meta, lo[a], scale[a]);
+    inv[a] = __frcp_rn(scale[a]);
+    err[a] = 0.0f;
+  }
+  for (int sl = 0; sl < g; ++sl) {
+    const float x = to_float(xs[sl]);
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo[a], scale[a], inv[a], levels), scale[a]), lo[a]), x);
+      err[a] = __fadd_rn(err[a], __fmul_rn(d, d));
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    const float e = __fmul_rn(err[a], inv_g);
+    if (a0 + a == 0 || e < best_err) {
+      best_err = e;
+      best_lo = lo[a];
+      best_scale = scale[a];
+    }
+  }
+}
+
+template <typename T, int NA>  // NA divides n_grid: factors scored NA at a time (registers sized for NA)
 __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block) {
-  extern __shared__ float rows[];  // [rows_per_block][P + 1]
+  extern __shared__ __align__(16) unsigned char staging[];
+  T* rows = reinterpret_cast<T*>(staging);  // [rows_per_block][P + 1]
   const int D = s.D, G = s.G, g = f.group, bits = s.bits, P = G * g, stride = P + 1;
   const int blocks_per_chunk_head = (f.window + rows_per_block - 1) / rows_per_block;
   const std::int64_t bid = blockIdx.x;
@@ -99,7 +148,7 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
   const int* perm = s.perm ? s.perm + h * D : nullptr;
   for (int e = threadIdx.x; e < nr * P; e += blockDim.x) {
     const int r = e / P, j = min(e % P, D - 1);  // padding repeats the last permuted value
-    rows[r * stride + e % P] = __half2float(src[static_cast<std::int64_t>(r) * D + (perm ? perm[j] : j)]);
+    rows[r * stride + e % P] = static_cast<T>(src[static_cast<std::int64_t>(r) * D + (perm ? perm[j] : j)]);
   }
   __syncthreads();
   const int rl = threadIdx.x / G, k = threadIdx.x % G;
@@ -107,36 +156,19 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
   const int t = t0 + rl;
   const std::int64_t slot = f.slot0 + c;
   if (slot == 0 && t < f.n_sink) return;  // sinks stay exact
-  const float* xs = rows + rl * stride + k * g;
+  const T* xs = rows + rl * stride + k * g;
   const float levels = static_cast<float>((1 << bits) - 1);
   const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
-  float gmin = xs[0], gmax = gmin;
+  float gmin = to_float(xs[0]), gmax = gmin;
   for (int sl = 1; sl < g; ++sl) {
-    gmin = fminf(gmin, xs[sl]);
-    gmax = fmaxf(gmax, xs[sl]);
+    const float x = to_float(xs[sl]);
+    gmin = fminf(gmin, x);
+    gmax = fmaxf(gmax, x);
   }
   const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
   const float rng = __fsub_rn(gmax, gmin);
   float best_err = 0.0f, best_lo = 0.0f, best_scale = 0.0f;
-  for (int a = 0; a < f.n_grid; ++a) {
-    const float tt = __fmul_rn(f.grid[a], rng);
-    float lo = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
-    float scale = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
-    round_meta(f.meta, lo, scale);
-    const float inv_scale = __frcp_rn(scale);
-    float err = 0.0f;
-    for (int sl = 0; sl < g; ++sl) {
-      const float x = xs[sl];
-      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo, scale, inv_scale, levels), scale), lo), x);
-      err = __fadd_rn(err, __fmul_rn(d, d));
-    }
-    err = __fmul_rn(err, inv_g);
-    if (a == 0 || err < best_err) {
-      best_err = err;
-      best_lo = lo;
-      best_scale = scale;
-    }
-  }
+  for (int a0 = 0; a0 < f.n_grid; a0 += NA) score_factors<NA, T>(f, xs, g, a0, mid, rng, levels, inv_g, best_err, best_lo, best_scale);
   // Codes of this group's real channels: whole bytes (g and D are multiples of 16).
   const float best_inv = __frcp_rn(best_scale);
   const int j0 = k * g, j1 = min(D, j0 + g);
@@ -144,7 +176,7 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
   unsigned acc = 0;
   int nbits = 0;
   for (int j = j0; j < j1; ++j) {
-    acc |= static_cast<unsigned>(code_of(xs[j - j0], best_lo, best_scale, best_inv, levels)) << nbits;
+    acc |= static_cast<unsigned>(code_of(to_float(xs[j - j0]), best_lo, best_scale, best_inv, levels)) << nbits;
     nbits += bits;
     while (nbits >= 8) {
       *out++ = static_cast<unsigned char>(acc & 0xffu);
@@ -169,11 +201,31 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   const int rows_per_block = std::max(1, std::min(f.window, 64 / side.G));
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H *
                               ((f.window + rows_per_block - 1) / rows_per_block);
-  const std::size_t smem = static_cast<std::size_t>(rows_per_block) * (P + 1) * sizeof(float);
-  if (smem > 48 * 1024) {
-    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(quant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  auto launch = [&](auto kernel, std::size_t elem) {
+    const std::size_t smem = static_cast<std::size_t>(rows_per_block) * (P + 1) * elem;
+    if (smem > 48 * 1024) {
+      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    }
+    kernel<<<static_cast<unsigned>(blocks), rows_per_block * side.G, smem, stream>>>(f, side, rows_per_block);
+  };
+  // float staging above 16 KiB a block would cap the SM at a few blocks: stage fp16 then
+  const bool half = static_cast<std::size_t>(rows_per_block) * (P + 1) * sizeof(float) > 16 * 1024;
+  int na = kMaxGrid;
+  while (f.n_grid % na != 0) --na;
+  auto by_type = [&](auto k_half, auto k_float) {
+    if (half) launch(k_half, sizeof(__half));
+    else launch(k_float, sizeof(float));
+  };
+  switch (na) {
+    case 8: by_type(quant_kernel<__half, 8>, quant_kernel<float, 8>); break;
+    case 7: by_type(quant_kernel<__half, 7>, quant_kernel<float, 7>); break;
+    case 6: by_type(quant_kernel<__half, 6>, quant_kernel<float, 6>); break;
+    case 5: by_type(quant_kernel<__half, 5>, quant_kernel<float, 5>); break;
+    case 4: by_type(quant_kernel<__half, 4>, quant_kernel<float, 4>); break;
+    case 3: by_type(quant_kernel<__half, 3>, quant_kernel<float, 3>); break;
+    case 2: by_type(quant_kernel<__half, 2>, quant_kernel<float, 2>); break;
+    default: by_type(quant_kernel<__half, 1>, quant_kernel<float, 1>); break;
   }
-  quant_kernel<<<static_cast<unsigned>(blocks), rows_per_block * side.G, smem, stream>>>(f, side, rows_per_block);
   SKVQ_CUDA_LAUNCH_CHECK();
 }
 
