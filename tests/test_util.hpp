@@ -93,6 +93,24 @@ inline double mse(const TensorView& a, const TensorView& b) {
   return n ? s / static_cast<double>(n) : 0.0;
 }
 
+// max over visible rows of scale * sum_d |q_d k_d| and max |v|, per query row.
+struct RowScale {
+  double s_abs = 0, vmax = 0;
+};
+
+inline RowScale row_scale(const TensorView& q, const TensorView& k, const TensorView& v, float scale, std::int64_t b,
+                   std::int64_t hq, std::int64_t i, std::int64_t G) {
+  RowScale r;
+  const std::int64_t h = hq / G, T = k.shape[2], Sq = q.shape[2];
+  for (std::int64_t t = 0; t <= T - Sq + i; ++t) {
+    double s = 0;
+    for (std::int64_t d = 0; d < q.shape[3]; ++d) s += std::fabs(static_cast<double>(q.at(b, hq, i, d)) * k.at(b, h, t, d));
+    r.s_abs = std::max(r.s_abs, s * scale);
+    for (std::int64_t d = 0; d < v.shape[3]; ++d) r.vmax = std::max(r.vmax, std::fabs(static_cast<double>(v.at(b, h, t, d))));
+  }
+  return r;
+}
+
 // The fused attention kernels (CPU SIMD, CUDA) read packed rows as x = lot + sct * f with
 // sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and (AVX3_DL, CUDA) form the
 // codes' part of q . x from q rounded to 16 bits (|q - q~| <= max|q| / 65024).

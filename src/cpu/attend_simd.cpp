@@ -155,6 +155,31 @@ std::int64_t SegmentEnd(const AttendParams& p, std::int64_t t) {
   return p.kv_len;
 }
 
+// Where packed rows of one side live: row t0 of head (b, h) is row i0 of its
+// chunk; `codes` is the head's bit stream in that chunk (cph bytes), `lo` and
+// `scale` point at row i0's metadata (mrow bytes a row).
+struct PackedRowsAt {
+  const detail::SkvqState& st;
+  const detail::Side& s;
+  const std::uint8_t* codes;
+  std::int64_t cph, i0, mrow;
+  const std::uint8_t* lo;
+  const std::uint8_t* scale;
+  PackedRowsAt(const AttendParams& p, int side, std::int64_t b, std::int64_t h, std::int64_t t0)
+      : st(*p.st), s(side == 0 ? p.st->k : p.st->v) {
+    const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
+    const auto c = static_cast<std::size_t>(t0 / r);
+    const detail::PackedChunk& ch = s.chunks[c];
+    i0 = t0 % r - st.first_row(c);
+    cph = st.codes_per_head(s, ch.n_rows);
+    const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
+    mrow = st.groups(s) * meta_bytes(st.cfg.metadata);
+    codes = ch.codes.data() + bh * cph;
+    lo = ch.lo.data() + bh * mph + i0 * mrow;
+    scale = ch.scale.data() + bh * mph + i0 * mrow;
+  }
+};
+
 // Rows [t0, t0 + n) of one side for head (b, h) into rows[n][stride]; returns
 // true when the rows are in the side's permuted channel order.
 bool DecodeBlock(const AttendParams& p, int side, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t n,
@@ -184,15 +209,12 @@ bool DecodeBlock(const AttendParams& p, int side, std::int64_t b, std::int64_t h
     }
     return false;
   }
-  const auto c = static_cast<std::size_t>(t0 / r);
-  const detail::PackedChunk& ch = s.chunks[c];
-  const std::int64_t i0 = t0 % r - st.first_row(c);
-  const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
+  const PackedRowsAt at(p, side, b, h, t0);
   const int g = st.cfg.group_size;
-  const std::int64_t G = st.groups(s), mrow = G * meta_bytes(st.cfg.metadata);
-  const std::uint8_t* stream = ch.codes.data() + bh * cph;
-  const std::uint8_t* lo = ch.lo.data() + bh * mph + i0 * mrow;
-  const std::uint8_t* sc = ch.scale.data() + bh * mph + i0 * mrow;
+  const std::int64_t G = st.groups(s), mrow = at.mrow, cph = at.cph, i0 = at.i0;
+  const std::uint8_t* stream = at.codes;
+  const std::uint8_t* lo = at.lo;
+  const std::uint8_t* sc = at.scale;
   const DF d;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
   const int bits = s.bits;
@@ -735,19 +757,12 @@ void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t
 // prefetchers would restart at each window boundary.
 void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h, std::int64_t t0,
                   std::int64_t n) {
-  const detail::SkvqState& st = *p.st;
-  const detail::Side& s = side == 0 ? st.k : st.v;
-  const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
-  const auto c = static_cast<std::size_t>(t0 / r);
-  const detail::PackedChunk& ch = s.chunks[c];
-  const std::int64_t i0 = t0 % r - st.first_row(c);
-  const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
-  const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
-  const std::uint8_t* codes = ch.codes.data() + bh * cph + i0 * fp.R * 4;
+  const PackedRowsAt at(p, side, b, h, t0);
+  const std::uint8_t* codes = at.codes + at.i0 * fp.R * 4;
   for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) __builtin_prefetch(codes + o, 0, 3);
-  for (std::int64_t o = 0; o < n * mrow; o += 64) {
-    __builtin_prefetch(ch.lo.data() + bh * mph + i0 * mrow + o, 0, 3);
-    __builtin_prefetch(ch.scale.data() + bh * mph + i0 * mrow + o, 0, 3);
+  for (std::int64_t o = 0; o < n * at.mrow; o += 64) {
+    __builtin_prefetch(at.lo + o, 0, 3);
+    __builtin_prefetch(at.scale + o, 0, 3);
   }
 }
 
@@ -755,23 +770,18 @@ void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int
 // their (lot, sct) metadata.
 const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h,
                               std::int64_t t0, std::int64_t n, float* lot, float* sct, bool affine = true) {
-  const detail::SkvqState& st = *p.st;
-  const detail::Side& s = side == 0 ? st.k : st.v;
-  const std::int64_t bh = b * st.heads + h, r = st.cfg.window;
-  const auto c = static_cast<std::size_t>(t0 / r);
-  const detail::PackedChunk& ch = s.chunks[c];
-  const std::int64_t i0 = t0 % r - st.first_row(c);
-  const std::int64_t cph = st.codes_per_head(s, ch.n_rows), mph = st.meta_per_head(s, ch.n_rows);
-  const std::int64_t mrow = fp.G * meta_bytes(st.cfg.metadata);
-  const std::uint8_t* lo = ch.lo.data() + bh * mph + i0 * mrow;
-  const std::uint8_t* sc = ch.scale.data() + bh * mph + i0 * mrow;
+  const PackedRowsAt at(p, side, b, h, t0);
+  const detail::SkvqState& st = at.st;
+  const std::uint8_t* lo = at.lo;
+  const std::uint8_t* sc = at.scale;
+  const std::uint8_t* codes = at.codes + at.i0 * fp.R * 4;
   const DF d;
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), m = n * fp.G;
   const VF two_b = hn::Set(d, static_cast<float>(1 << fp.bits));
   std::int64_t e = 0;
   if (!affine) {  // lo and scale as stored
     LoadMeta(lo, sc, st.cfg.metadata, m, lot, sct);
-    return ch.codes.data() + bh * cph + i0 * fp.R * 4;
+    return codes;
   }
   if (st.cfg.metadata == MetaType::fp16) {  // one pass: convert and transform
     const hn::Rebind<hwy::float16_t, DF> dh;
@@ -794,7 +804,7 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
     sct[e] *= static_cast<float>(1 << fp.bits);
     lot[e] -= sct[e];
   }
-  return ch.codes.data() + bh * cph + i0 * fp.R * 4;
+  return codes;
 }
 
 void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int64_t t_begin, std::int64_t t_end,

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "cuda/common.cuh"
 #include "cuda/device_state.cuh"
@@ -911,39 +912,46 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   out[qrow * kD + dst] = ((A0 + A1) + (A2 + A3)) / L;
 }
 
+// Query rows the pipelined kernel takes per launch when `left` rows remain.
+int fast_rows_per_launch(int left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+
+// Calls f with the pipelined kernel for nq (4, 2 or 1) query rows and the metadata type of p.
+template <int KB, int VB, typename F>
+void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
+  auto by_meta = [&](auto k16, auto k32, auto k8) {
+    if (p.meta == 0) f(k16);
+    else if (p.meta == 1) f(k32);
+    else f(k8);
+  };
+  if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
+  else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
+  else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
+}
+
 template <int KB, int VB>
 void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = kStages * FastLayout<kFastTile>(p).stage;
-  int row = 0;
-  while (row < n_rows) {
-    const int left = n_rows - row;
-    auto go = [&](auto kernel, int nq) {
+  for (int row = 0; row < n_rows;) {
+    const int nq = fast_rows_per_launch(n_rows - row);
+    with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
       allow_smem(kernel, smem);
       kernel<<<grid, kThreads, smem, stream>>>(p, row);
       SKVQ_CUDA_LAUNCH_CHECK();
-      row += nq;
-    };
-    auto by_meta = [&](auto k16, auto k32, auto k8, int nq) {
-      if (p.meta == 0) go(k16, nq);
-      else if (p.meta == 1) go(k32, nq);
-      else go(k8, nq);
-    };
-    if (left >= 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>, 4);
-    else if (left >= 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>, 2);
-    else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>, 1);
+    });
+    row += nq;
   }
 }
 
 // Blocks of the pipelined kernel that fit one SM at once (registers and
-// shared memory), for the first launch of run_attention's row loop.
+// shared memory), for the first launch of launch_fast_rows' row loop; cached
+// per (kernel, shared memory): a host calculation per call otherwise.
 template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
-  const int n_rows = (p.Hq / p.Hkv) * p.Sq, nq = n_rows >= 4 ? 4 : n_rows >= 2 ? 2 : 1;
   const int smem = kStages * FastLayout<kFastTile>(p).stage;
   int blocks = 0;
-  auto occ = [&](auto kernel) {  // cached per (kernel, shared memory): a host calculation per call otherwise
+  with_fast_kernel<KB, VB>(p, fast_rows_per_launch((p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
     static std::mutex mu;
     static std::map<std::pair<const void*, int>, int> cache;
     const std::lock_guard<std::mutex> lock(mu);
@@ -956,27 +964,32 @@ int fast_blocks_per_sm(const AttnParams& p) {
     allow_smem(kernel, smem);
     SKVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
     cache[key] = blocks;
-  };
-  auto by_meta = [&](auto k16, auto k32, auto k8) {
-    if (p.meta == 0) occ(k16);
-    else if (p.meta == 1) occ(k32);
-    else occ(k8);
-  };
-  if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
-  else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
-  else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
+  });
   return std::max(1, blocks);
 }
 
+// Calls f(KB, VB) as compile-time constants for the supported (key, value)
+// bit pairs; false for any other pair.
+template <typename F>
+bool with_bits(int kb, int vb, F&& f) {
+  auto pair = [&](auto k, auto v) {
+    if (kb != decltype(k)::value || vb != decltype(v)::value) return false;
+    f(k, v);
+    return true;
+  };
+  using std::integral_constant;
+  return pair(integral_constant<int, 2>{}, integral_constant<int, 2>{}) ||
+         pair(integral_constant<int, 4>{}, integral_constant<int, 4>{}) ||
+         pair(integral_constant<int, 8>{}, integral_constant<int, 8>{}) ||
+         pair(integral_constant<int, 1>{}, integral_constant<int, 1>{}) ||
+         pair(integral_constant<int, 4>{}, integral_constant<int, 2>{}) ||
+         pair(integral_constant<int, 8>{}, integral_constant<int, 4>{});
+}
+
 int fast_blocks_per_sm(const AttnParams& p) {
-  const int kb = p.k.bits, vb = p.v.bits;
-  if (kb == 2 && vb == 2) return fast_blocks_per_sm<2, 2>(p);
-  if (kb == 4 && vb == 4) return fast_blocks_per_sm<4, 4>(p);
-  if (kb == 8 && vb == 8) return fast_blocks_per_sm<8, 8>(p);
-  if (kb == 1 && vb == 1) return fast_blocks_per_sm<1, 1>(p);
-  if (kb == 4 && vb == 2) return fast_blocks_per_sm<4, 2>(p);
-  if (kb == 8 && vb == 4) return fast_blocks_per_sm<8, 4>(p);
-  return 1;
+  int blocks = 1;
+  with_bits(p.k.bits, p.v.bits, [&](auto k, auto v) { blocks = fast_blocks_per_sm<decltype(k)::value, decltype(v)::value>(p); });
+  return blocks;
 }
 
 // Splits of the packed body for the pipelined kernel: the count whose blocks
@@ -1092,14 +1105,12 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     else if (fast) fast_launch(p, fast_splits, stream);
     if (!fast || gen.n_ranges > 0) gen_launch(gen, stream);
   };
-  if (dense) launch_rows<2, 2, true>(p, stream);
-  else if (kb == 2 && vb == 2) both(launch_fast_rows<2, 2>, launch_mma_rows<2, 2>, launch_rows<2, 2, false>);
-  else if (kb == 4 && vb == 4) both(launch_fast_rows<4, 4>, launch_mma_rows<4, 4>, launch_rows<4, 4, false>);
-  else if (kb == 8 && vb == 8) both(launch_fast_rows<8, 8>, launch_mma_rows<8, 8>, launch_rows<8, 8, false>);
-  else if (kb == 1 && vb == 1) both(launch_fast_rows<1, 1>, launch_mma_rows<1, 1>, launch_rows<1, 1, false>);
-  else if (kb == 4 && vb == 2) both(launch_fast_rows<4, 2>, launch_mma_rows<4, 2>, launch_rows<4, 2, false>);
-  else if (kb == 8 && vb == 4) both(launch_fast_rows<8, 4>, launch_mma_rows<8, 4>, launch_rows<8, 4, false>);
-  else {
+  if (dense) {
+    launch_rows<2, 2, true>(p, stream);
+  } else if (!with_bits(kb, vb, [&](auto k, auto v) {
+               constexpr int K = decltype(k)::value, V = decltype(v)::value;
+               both(launch_fast_rows<K, V>, launch_mma_rows<K, V>, launch_rows<K, V, false>);
+             })) {
     cudaFreeAsync(ws, stream);
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
