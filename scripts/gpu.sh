@@ -19,6 +19,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 echo "== GPU tests"
 "$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
 grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
+for m in 0 1; do
+  echo "== GPU tests, integer tensor-core kernel forced off/on (SKVQ_CUDA_IMMA=$m)"
+  SKVQ_CUDA_IMMA=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_imma$m.txt" 2>&1
+  grep -E "Failure|FAILED|PASSED" "$out/tests_imma$m.txt" | head -n 10
+done
 echo "== GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)"
 SKVQ_CUDA_MMA=1 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_mma.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_mma.txt" | head -n 10

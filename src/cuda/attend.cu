@@ -269,6 +269,67 @@ struct GroupState {
       lacc[n] = fmaf(pw[u][n], vl, lacc[n]);
     }
   }
+  // Values of T packed tokens (T a multiple of 4) by dp4a: per row n the
+  // weights u = p * scale are rounded to 16 unsigned bits against their
+  // maximum over the T tokens (sw = max u / 65535; docs/numerics.md bounds
+  // the error), each 4 tokens' codes are transposed so that one 32-bit word
+  // holds one channel slice of the 4 tokens (byte j: token j), and
+  // sum(u c) over the 4 tokens is 2 dp4a (high and low weight bytes) per
+  // channel instead of 3 float operations per code. The integer sums of a
+  // channel are exact and enter acc once per T tokens, in the frac units of
+  // add_packed_value (scaled by 2^-VB).
+  template <int T>
+  __device__ __forceinline__ void add_packed_values(const LaneCodes<VB> (&vc)[T], const float (&vs)[T], const float (&vl)[T],
+                                                    const float (&pw)[T][NQ]) {
+    static_assert(T % 4 == 0, "tokens in fours");
+    constexpr int kQ = T / 4, kW = LaneCodes<VB>::kWords, kPerByte = 8 / VB;
+    constexpr unsigned kMask = ((1u << VB) - 1u) * 0x01010101u;
+    unsigned x[kQ][kW][4];  // [quad][word][byte b]: byte j = byte b of token 4 quad + j
+#pragma unroll
+    for (int qd = 0; qd < kQ; ++qd)
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        const unsigned a = vc[4 * qd].w[w], b = vc[4 * qd + 1].w[w], c = vc[4 * qd + 2].w[w], d = vc[4 * qd + 3].w[w];
+        const unsigned ab0 = __byte_perm(a, b, 0x5140), ab1 = __byte_perm(a, b, 0x7362);
+        const unsigned cd0 = __byte_perm(c, d, 0x5140), cd1 = __byte_perm(c, d, 0x7362);
+        x[qd][w][0] = __byte_perm(ab0, cd0, 0x5410), x[qd][w][1] = __byte_perm(ab0, cd0, 0x7632);
+        x[qd][w][2] = __byte_perm(ab1, cd1, 0x5410), x[qd][w][3] = __byte_perm(ab1, cd1, 0x7632);
+      }
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      float umax = 0.0f;
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        umax = fmaxf(umax, pw[t][n] * vs[t]);
+        lacc[n] = fmaf(pw[t][n], vl[t], lacc[n]);
+      }
+      const float sw = umax * (1.0f / 65535.0f);
+      const float inv = umax > 0.0f ? __frcp_rn(sw) : 0.0f;
+      unsigned wl[kQ], wh[kQ];  // low and high bytes of the 4 tokens' 16-bit weights
+#pragma unroll
+      for (int qd = 0; qd < kQ; ++qd) {
+        unsigned r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[j] = __float2uint_rn(fminf(pw[4 * qd + j][n] * vs[4 * qd + j] * inv, 65535.0f));
+        const unsigned r01 = __byte_perm(r[0], r[1], 0x5140), r23 = __byte_perm(r[2], r[3], 0x5140);
+        wl[qd] = __byte_perm(r01, r23, 0x5410), wh[qd] = __byte_perm(r01, r23, 0x7632);
+      }
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) {
+        const int bit = c * VB, w = bit / 32, byte = (bit % 32) / 8, m = (bit % 8) / VB;
+        unsigned ah = 0, al = 0;
+#pragma unroll
+        for (int qd = 0; qd < kQ; ++qd) {
+          const unsigned xm = kPerByte == 1 ? x[qd][w][byte] : x[qd][w][byte] & (kMask << (m * VB));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(ah) : "r"(xm), "r"(wh[qd]));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[qd]));
+        }
+        // codes sit m * VB bits up in their byte: the sum carries 2^(m VB); frac units carry 2^-VB
+        const float unit = sw * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
+        acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), acc[n][c]);
+      }
+    }
+  }
   template <int T>
   __device__ __forceinline__ void add_exact_value(const float* x, const float (&pw)[T][NQ], int u) {
 #pragma unroll
@@ -422,8 +483,9 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
 
-__device__ __forceinline__ void copy_range(unsigned char* dst, const unsigned char* src, int bytes) {
-  for (int u = threadIdx.x; u < bytes / 16; u += kThreads) cp_async16(dst + u * 16, src + u * 16);
+// One warp's share of a copy: 16-byte pieces strided over its 32 lanes.
+__device__ __forceinline__ void copy_range_warp(unsigned char* dst, const unsigned char* src, int bytes) {
+  for (int u = threadIdx.x % 32; u < bytes / 16; u += 32) cp_async16(dst + u * 16, src + u * 16);
 }
 
 template <int TILE>
@@ -443,21 +505,34 @@ struct FastLayout {  // byte offsets inside one stage
 
 // Starts the 16-byte copies of rows [t0, t0 + n) of one slot (codes and
 // metadata of keys and values) into rows [r0, r0 + n) of stage `stage`.
+// Each warp of the (4-warp) block takes whole arrays: key codes, value
+// codes, key metadata, value metadata, so that the address arithmetic is
+// done once per array rather than by every warp for every array.
 template <int TILE>
 __device__ __forceinline__ void issue_rows(const AttnParams& p, const FastLayout<TILE>& lay, unsigned char* stage,
                                            std::int64_t bh, std::int64_t t0, int r0, int n) {
+  static_assert(kThreads == 128, "one warp per array pair");
   const int mb = p.meta_bytes;
   const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
   const std::int64_t rowi = bh * p.window + (t0 - slot * p.window);
-  const int kr = static_cast<int>(p.k.row_bytes), vr = static_cast<int>(p.v.row_bytes);
-  copy_range(stage + lay.kc + r0 * kr, p.k.codes + slot * p.k.slot_codes + rowi * kr, n * kr);
-  copy_range(stage + lay.vc + r0 * vr, p.v.codes + slot * p.v.slot_codes + rowi * vr, n * vr);
-  const std::int64_t km = slot * p.k.slot_meta + rowi * p.k.G * mb, vm = slot * p.v.slot_meta + rowi * p.v.G * mb;
-  const int kmr = p.k.G * mb, vmr = p.v.G * mb;
-  copy_range(stage + lay.klo + r0 * kmr, p.k.lo + km, n * kmr);
-  copy_range(stage + lay.ksc + r0 * kmr, p.k.scale + km, n * kmr);
-  copy_range(stage + lay.vlo + r0 * vmr, p.v.lo + vm, n * vmr);
-  copy_range(stage + lay.vsc + r0 * vmr, p.v.scale + vm, n * vmr);
+  const int warp = threadIdx.x / 32;
+  if (warp == 0) {
+    const int kr = static_cast<int>(p.k.row_bytes);
+    copy_range_warp(stage + lay.kc + r0 * kr, p.k.codes + slot * p.k.slot_codes + rowi * kr, n * kr);
+  } else if (warp == 1) {
+    const int vr = static_cast<int>(p.v.row_bytes);
+    copy_range_warp(stage + lay.vc + r0 * vr, p.v.codes + slot * p.v.slot_codes + rowi * vr, n * vr);
+  } else if (warp == 2) {
+    const int kmr = p.k.G * mb;
+    const std::int64_t km = slot * p.k.slot_meta + rowi * kmr;
+    copy_range_warp(stage + lay.klo + r0 * kmr, p.k.lo + km, n * kmr);
+    copy_range_warp(stage + lay.ksc + r0 * kmr, p.k.scale + km, n * kmr);
+  } else {
+    const int vmr = p.v.G * mb;
+    const std::int64_t vm = slot * p.v.slot_meta + rowi * vmr;
+    copy_range_warp(stage + lay.vlo + r0 * vmr, p.v.lo + vm, n * vmr);
+    copy_range_warp(stage + lay.vsc + r0 * vmr, p.v.scale + vm, n * vmr);
+  }
 }
 
 // The tiles of one block's token range [t_begin, t_end) in the packed body,
@@ -516,9 +591,12 @@ struct TileStream {
 };
 
 template <int KB, int VB, int NQ, int META>
-__global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p, int row0) {
+__global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
-  constexpr int kSub = NQ >= 4 ? 2 : kTile;  // tokens per group per softmax step (registers)
+  // Tokens per group per softmax step, a multiple of 4 (value quads): 8 (the
+  // group's whole share of a tile) measured 3-10% faster than 4 with one or two
+  // query rows; 4 with four rows (registers).
+  constexpr int kSub = NQ >= 4 ? 4 : 8;
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
@@ -558,20 +636,320 @@ __global__ void __launch_bounds__(kThreads) attn_fast_kernel(const AttnParams p,
       }
       float pw[kSub][NQ];
       st.softmax(s, pw);
+      LaneCodes<VB> vc[kSub];
+      float vs[kSub], vl[kSub];
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
         const int local = (u0 + u) * kGroups + grp;
-        LaneCodes<VB> vc;
-        vc.load_shared(stage + lay.vc + local * (kLanes * LaneCodes<VB>::kBytes) + lane * LaneCodes<VB>::kBytes);
+        vc[u].load_shared(stage + lay.vc + local * (kLanes * LaneCodes<VB>::kBytes) + lane * LaneCodes<VB>::kBytes);
         const int mo = (local * p.v.G + kgrp) * mb;
         const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
-        st.add_packed_value(vc, ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f,
-                            ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f, pw, u);
+        vs[u] = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+        vl[u] = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
       }
+      st.add_packed_values(vc, vs, vl, pw);
     }
     __syncthreads();  // the stage is refilled two tiles later
   }
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
+}
+
+// ---- integer tensor-core kernel for the packed body ----
+//
+// Same 128-token tiles and cp.async ring as attn_fast_kernel; each of the 4
+// warps takes 32 tokens of a tile for up to 8 query rows of the KV head and
+// runs both products on the tensor cores as int8 MMAs (mma.sync m16n8k32,
+// exact int32 sums):
+//   scores  A = q rounded to 16 bits as in the dp4a path (rows 0-7: the
+//           high bytes of the query rows, rows 8-15: their low bytes),
+//           B = key codes, one byte each, masked out of the packed bytes;
+//   values  A = weights p * scale rounded to 16 unsigned bits per 32 tokens
+//           and metadata group (rows 0-7 high bytes, rows 8-15 low bytes),
+//           B = value codes of 4 tokens gathered into one register per lane.
+// So the high and low halves of a row's sum land in the same lane (C rows g
+// and g + 8), and the integer forms are those of the dp4a paths: the error
+// bound is the same with blocks of 32 tokens for the value weights
+// (docs/numerics.md). The k order of a product is free and the value
+// channels of an n-tile may be any 8: both are chosen so that every lane
+// builds its fragments from bytes it loads itself, with no shuffles, and so
+// that an n-tile of values lies inside one metadata group (groups of 32, 64
+// or 128 channels; values of 2, 4 or 8 bits).
+constexpr int kImmaRows = 8;     // query rows per launch (A rows 0-7)
+constexpr int kImmaTokens = 32;  // tokens per warp per tile
+
+__device__ __forceinline__ void imma_s8u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void imma_u8u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Key k-steps are 32 channels. Lane (g, t) supplies B rows (k) 4t..4t+3 from
+// slice register 2t and 16+4t..16+4t+3 from slice register 2t+1; slice
+// register r of a k-step is word r / PK of it shifted by (r % PK) * KB and
+// masked, so its byte j holds channel (4 (r / PK) + j) PK + r % PK.
+template <int KB>
+__device__ __forceinline__ int imma_key_channel(int r, int j) {
+  constexpr int PK = 8 / KB;
+  return (4 * (r / PK) + j) * PK + r % PK;
+}
+
+template <int KB, int VB, int META>
+__global__ void __launch_bounds__(kThreads) attn_imma_kernel(const AttnParams p, int row0) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  constexpr int PK = 8 / KB, PV = 8 / VB, HV = VB / 2;  // codes per byte; byte sets per value group
+  constexpr unsigned kMaskK = ((1u << KB) - 1u) * 0x01010101u, kMaskV = ((1u << VB) - 1u) * 0x01010101u;
+  static_assert(VB >= 2, "value n-tiles need 8 bytes per group");
+  const FastLayout<kFastTile> lay(p);
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
+  // groups of 32, 64 or 128 channels: 1, 2 or 4 k-steps (and value n-tile sets) a group, as shifts
+  const int gshift = p.group == 32 ? 0 : p.group == 64 ? 1 : 2, spg = 1 << gshift;
+  const int kgs = 2 - gshift;  // log2 of the groups in a row
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
+  const int krow = 16 * KB, vrow = 16 * VB;  // bytes per packed row
+
+  // q of this lane's row (g), rounded to 16 bits against the row's max|q|.
+  const int row = row0 + g;
+  const bool valid = row < n_rows;
+  const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
+  const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
+  const std::int64_t limit = valid ? p.kv_len - p.Sq + qi : -1;
+  float qf[4][2][4], qmax = 0.0f, qs[4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qs[ks] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
+        qf[ks][e][j] = valid ? qrow[kperm ? kperm[ch] : ch] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
+        qmax = fmaxf(qmax, fabsf(qf[ks][e][j]));
+        qs[ks] += qf[ks][e][j];
+      }
+  }
+  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
+  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
+  const float qstep = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+  unsigned qa[4][4];  // per k-step: a0 (row g, high), a1 (row g + 8, low), a2, a3 (k + 16)
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
+    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      unsigned hp = 0, lp = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = static_cast<int>(fminf(fmaxf(rintf(qf[ks][e][j] / qstep), -32512.0f), 32512.0f));
+        const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+        hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
+        lp |= static_cast<unsigned>((r - 256 * hi) & 0xFF) << (8 * j);
+      }
+      qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
+    }
+  }
+
+  // Online softmax of row g over this lane's tokens (the 4 lanes of a row
+  // share m; l is this lane's part); acc[vg][n-tile][i] holds channel
+  // 32 vg + (8 hh + 2 t + i) PV + mm of n-tile hh * PV + mm.
+  float m = -INFINITY, l = 0.0f, acc[4][4][2], lacc[4];
+#pragma unroll
+  for (int vg = 0; vg < 4; ++vg) {
+    lacc[vg] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 4; ++n) acc[vg][n][0] = acc[vg][n][1] = 0.0f;
+  }
+  // value gathers: lane g takes byte (8 hh + g) of each group; the selector picks byte g % 4 of two words
+  const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
+
+  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);  // rows past it hold stale bytes: masked, values zeroed
+    auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
+    const int lo = rel(p.sinks), hi = min(rel(limit), live - 1);
+    const int base = warp * kImmaTokens;
+
+    // scores of tokens base + 8 nt + 2 t + i (C columns), keys of token base + 8 nt + g (B column)
+    float s[4][2];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const unsigned char* kr = stage + lay.kc + (base + 8 * nt + g) * krow;
+      int c[4][4];  // one accumulator per k-step: the four MMAs are independent
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        unsigned b0, b1;
+        if constexpr (PK == 1) {
+          const uint2 w = *reinterpret_cast<const uint2*>(kr + 4 * (ks * KB + 2 * t));
+          b0 = w.x, b1 = w.y;
+        } else {
+          const unsigned w = *reinterpret_cast<const unsigned*>(kr + 4 * (ks * KB + (2 * t) / PK));
+          const int sh = ((2 * t) % PK) * KB;
+          b0 = (w >> sh) & kMaskK, b1 = (w >> (sh + KB)) & kMaskK;
+        }
+        c[ks][0] = c[ks][1] = c[ks][2] = c[ks][3] = 0;
+        imma_s8u8(c[ks], qa[ks], b0, b1);
+      }
+      float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
+      int hs[2] = {0, 0}, ls[2] = {0, 0};  // a key group's integer sums (high, low rows)
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if ((ks & (spg - 1)) == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0, qsum = 0.0f;
+        hs[0] += c[ks][0], hs[1] += c[ks][1], ls[0] += c[ks][2], ls[1] += c[ks][3];
+        qsum += qs[ks];
+        if (((ks + 1) & (spg - 1)) == 0) {  // end of a key metadata group
+          const int kg = ks >> gshift;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int mo = (((base + 8 * nt + 2 * t + i) << kgs) + kg) * mb;
+            const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
+            sc[i] += fmaf(ksc * qstep, static_cast<float>(hs[i] * 256 + ls[i]), klo * qsum);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int local = base + 8 * nt + 2 * t + i;
+        s[nt][i] = (local >= lo && local <= hi) ? sc[i] : -INFINITY;
+      }
+    }
+
+    // online softmax over the 32 tokens (row max across the row's 4 lanes)
+    float mt = s[0][0];
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) mt = fmaxf(mt, fmaxf(s[nt][0], s[nt][1]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mnew = fmaxf(m, mt);
+    float pw[4][2];
+    if (mnew == -INFINITY) {
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) pw[nt][0] = pw[nt][1] = 0.0f;
+    } else {
+      const float corr = fast_exp2(m - mnew);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          pw[nt][i] = fast_exp2(s[nt][i] - mnew);
+          sum += pw[nt][i];
+        }
+      l = l * corr + sum;
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int vg = 0; vg < 4; ++vg) {
+          lacc[vg] *= corr;
+#pragma unroll
+          for (int n = 0; n < 4; ++n) acc[vg][n][0] *= corr, acc[vg][n][1] *= corr;
+        }
+      }
+      m = mnew;
+    }
+
+    // values, one 32-channel group (4 n-tiles) at a time
+    unsigned va[4] = {0, 0, 0, 0};
+    float vsw = 0.0f;
+#pragma unroll
+    for (int vg = 0; vg < 4; ++vg) {
+      if ((vg & (spg - 1)) == 0) {  // a new value metadata group: its weights
+        const int vgrp = vg >> gshift;
+        float u[4][2], umax = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int local = base + 8 * nt + 2 * t + i;
+            const int mo = ((local << kgs) + vgrp) * mb;
+            const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
+            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+            const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
+            u[nt][i] = pw[nt][i] * vs;
+            umax = fmaxf(umax, u[nt][i]);
+            lsum = fmaf(pw[nt][i], vl, lsum);
+          }
+        lacc[vg] += lsum;
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 1));
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
+        vsw = umax * (1.0f / 65535.0f);
+        const float inv = umax > 0.0f ? __frcp_rn(vsw) : 0.0f;
+        unsigned r[4][2];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) r[nt][i] = __float2uint_rn(fminf(u[nt][i] * inv, 65535.0f));
+        // k = 4 t + j: token (j / 2) * 8 + 2 t + j % 2; k = 16 + 4 t + j: 16 more
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const unsigned x0 = __byte_perm(r[2 * half][0], r[2 * half][1], 0x5140);
+          const unsigned x1 = __byte_perm(r[2 * half + 1][0], r[2 * half + 1][1], 0x5140);
+          va[2 * half] = __byte_perm(x0, x1, 0x7632);      // high bytes: rows g
+          va[2 * half + 1] = __byte_perm(x0, x1, 0x5410);  // low bytes: rows g + 8
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < HV; ++hh) {
+        const int wofs = (vg * 4 * VB + 8 * hh + g) & ~3;
+        unsigned xv[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const unsigned char* vr = stage + lay.vc + (base + 16 * half + 2 * t) * vrow + wofs;
+          const unsigned w0 = *reinterpret_cast<const unsigned*>(vr);
+          const unsigned w1 = *reinterpret_cast<const unsigned*>(vr + vrow);
+          const unsigned w2 = *reinterpret_cast<const unsigned*>(vr + 8 * vrow);
+          const unsigned w3 = *reinterpret_cast<const unsigned*>(vr + 9 * vrow);
+          xv[half] = __byte_perm(__byte_perm(w0, w1, vsel), __byte_perm(w2, w3, vsel), 0x5410);
+        }
+#pragma unroll
+        for (int mm = 0; mm < PV; ++mm) {
+          int c[4] = {0, 0, 0, 0};
+          const unsigned mask = kMaskV << (mm * VB);  // codes stay mm * VB bits up: folded into unit
+          imma_u8u8(c, va, xv[0] & mask, xv[1] & mask);
+          const float unit = vsw * __uint_as_float(static_cast<unsigned>(127 - mm * VB) << 23);
+          acc[vg][hh * PV + mm][0] = fmaf(unit, static_cast<float>(c[0] * 256 + c[2]), acc[vg][hh * PV + mm][0]);
+          acc[vg][hh * PV + mm][1] = fmaf(unit, static_cast<float>(c[1] * 256 + c[3]), acc[vg][hh * PV + mm][1]);
+        }
+      }
+    }
+    __syncthreads();  // the stage is refilled two tiles later
+  }
+
+  // merge the 4 warps in shared memory; one partial per row
+  __shared__ float sm_m[4][kImmaRows], sm_l[4][kImmaRows];
+  __shared__ float sm_acc[4][kImmaRows][kD];
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+  for (int vg = 0; vg < 4; ++vg) {  // each lane summed p * lo over its own tokens
+    lacc[vg] += __shfl_xor_sync(0xffffffffu, lacc[vg], 1);
+    lacc[vg] += __shfl_xor_sync(0xffffffffu, lacc[vg], 2);
+  }
+  if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
+  float lv = lacc[0];
+#pragma unroll
+  for (int vg = 0; vg < 4; ++vg) {
+    if ((vg & (spg - 1)) == 0) lv = lacc[vg];
+#pragma unroll
+    for (int hh = 0; hh < HV; ++hh)
+#pragma unroll
+      for (int mm = 0; mm < PV; ++mm)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) sm_acc[warp][g][32 * vg + (8 * hh + 2 * t + i) * PV + mm] = acc[vg][hh * PV + mm][i] + lv;
+  }
+  __syncthreads();
+  store_merged(p, b, h, row0, split, 4, kImmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
 }
 
 // ---- tensor-core kernel for the packed body ----
@@ -912,10 +1290,35 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   out[qrow * kD + dst] = ((A0 + A1) + (A2 + A3)) / L;
 }
 
-// Query rows the pipelined kernel takes per launch when `left` rows remain.
-int fast_rows_per_launch(int left) { return left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+// The integer tensor-core kernel takes the packed body when 3 or more query
+// rows share a KV head (grouped-query attention, prefill) and value n-tiles
+// fit its metadata groups (groups of 32, 64 or 128 channels, values of 2+
+// bits): its cost per token does not grow with the rows (up to 8), while the
+// dp4a kernel's does. With one or two rows the dp4a kernel is faster
+// (docs/performance.md). SKVQ_CUDA_IMMA=0 turns it off, =1 forces it where
+// the layout allows (tests).
+int imma_mode() {
+  static const int mode = [] {
+    const char* e = std::getenv("SKVQ_CUDA_IMMA");
+    return e == nullptr ? -1 : std::string(e) == "0" ? 0 : std::string(e) == "1" ? 1 : -1;
+  }();
+  return mode;
+}
+bool use_imma(const AttnParams& p) {
+  const bool layout = (p.group == 32 || p.group == 64 || p.group == 128) && p.v.bits >= 2;
+  const int rows = (p.Hq / p.Hkv) * p.Sq;
+  return layout && imma_mode() != 0 && (imma_mode() == 1 || rows >= 3);
+}
 
-// Calls f with the pipelined kernel for nq (4, 2 or 1) query rows and the metadata type of p.
+// Query rows the pipelined kernel takes per launch when `left` rows remain.
+int fast_rows_per_launch(const AttnParams& p, int left) {
+  if (use_imma(p)) return std::min(left, kImmaRows);
+  return left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
+
+// Calls f with the pipelined kernel for nq query rows (the integer
+// tensor-core kernel: up to 8; the float32 kernel: 4, 2 or 1) and the
+// metadata type of p.
 template <int KB, int VB, typename F>
 void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   auto by_meta = [&](auto k16, auto k32, auto k8) {
@@ -923,6 +1326,12 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
     else if (p.meta == 1) f(k32);
     else f(k8);
   };
+  if constexpr (VB >= 2) {
+    if (use_imma(p)) {
+      by_meta(attn_imma_kernel<KB, VB, 0>, attn_imma_kernel<KB, VB, 1>, attn_imma_kernel<KB, VB, 2>);
+      return;
+    }
+  }
   if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
   else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
   else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
@@ -934,7 +1343,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = kStages * FastLayout<kFastTile>(p).stage;
   for (int row = 0; row < n_rows;) {
-    const int nq = fast_rows_per_launch(n_rows - row);
+    const int nq = fast_rows_per_launch(p, n_rows - row);
     with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
       allow_smem(kernel, smem);
       kernel<<<grid, kThreads, smem, stream>>>(p, row);
@@ -951,7 +1360,7 @@ template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
   const int smem = kStages * FastLayout<kFastTile>(p).stage;
   int blocks = 0;
-  with_fast_kernel<KB, VB>(p, fast_rows_per_launch((p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
+  with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, (p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
     static std::mutex mu;
     static std::map<std::pair<const void*, int>, int> cache;
     const std::lock_guard<std::mutex> lock(mu);
