@@ -600,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  const int mb = p.meta_bytes;
+  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
@@ -698,8 +698,8 @@ __device__ __forceinline__ int imma_key_channel(int r, int j) {
   return (4 * (r / PK) + j) * PK + r % PK;
 }
 
-template <int KB, int VB, int META>
-__global__ void __launch_bounds__(kThreads) attn_imma_kernel(const AttnParams p, int row0) {
+template <int KB, int VB, int META, int GS>
+__global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PK = 8 / KB, PV = 8 / VB, HV = VB / 2;  // codes per byte; byte sets per value group
   constexpr unsigned kMaskK = ((1u << KB) - 1u) * 0x01010101u, kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -710,9 +710,10 @@ __global__ void __launch_bounds__(kThreads) attn_imma_kernel(const AttnParams p,
   const int g = lane / 4, t = lane % 4;
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
-  // groups of 32, 64 or 128 channels: 1, 2 or 4 k-steps (and value n-tile sets) a group, as shifts
-  const int gshift = p.group == 32 ? 0 : p.group == 64 ? 1 : 2, spg = 1 << gshift;
-  const int kgs = 2 - gshift;  // log2 of the groups in a row
+  // metadata groups of GS = 32, 64 or 128 channels: 1, 2 or 4 k-steps (and value n-tile sets) a group
+  static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
+  constexpr int gshift = GS == 32 ? 0 : GS == 64 ? 1 : 2, spg = 1 << gshift;
+  constexpr int kgs = 2 - gshift;  // log2 of the groups in a row
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
   const int krow = 16 * KB, vrow = 16 * VB;  // bytes per packed row
@@ -1328,7 +1329,9 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   };
   if constexpr (VB >= 2) {
     if (use_imma(p)) {
-      by_meta(attn_imma_kernel<KB, VB, 0>, attn_imma_kernel<KB, VB, 1>, attn_imma_kernel<KB, VB, 2>);
+      if (p.group == 32) by_meta(attn_imma_kernel<KB, VB, 0, 32>, attn_imma_kernel<KB, VB, 1, 32>, attn_imma_kernel<KB, VB, 2, 32>);
+      else if (p.group == 64) by_meta(attn_imma_kernel<KB, VB, 0, 64>, attn_imma_kernel<KB, VB, 1, 64>, attn_imma_kernel<KB, VB, 2, 64>);
+      else by_meta(attn_imma_kernel<KB, VB, 0, 128>, attn_imma_kernel<KB, VB, 1, 128>, attn_imma_kernel<KB, VB, 2, 128>);
       return;
     }
   }
