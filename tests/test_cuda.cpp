@@ -63,6 +63,9 @@ std::vector<Case> cases() {
       {gpu_config(16, 2, 16, 1, 1, MetaType::fp16), 1, 2, 50, {3, 47}},
       {gpu_config(128, 100, 32, 8, 4, MetaType::fp8_e4m3), 2, 2, 600, {300, 1, 299}},
       {gpu_config(64, 5, 16, 1, 1, MetaType::fp32), 1, 3, 333, {333}},
+      // the integer tensor-core kernel's other group size and byte-wide codes (G 4, Sq 3 take it)
+      {gpu_config(64, 2, 64, 4, 4, MetaType::fp32), 1, 2, 260, {260}},
+      {gpu_config(128, 0, 128, 8, 8, MetaType::fp16), 1, 1, 300, {300}},
   };
 }
 

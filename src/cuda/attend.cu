@@ -1413,7 +1413,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const double slots = static_cast<double>(sms) * fast_blocks_per_sm(p);
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
-  const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / (4 * kFastTile)));
+  const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / kFastTile));
   int best = 1;
   double best_score = -1e30;
   for (std::int64_t s = 1; s <= max_splits; ++s) {
@@ -1443,6 +1443,34 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
     }
     SKVQ_CUDA_LAUNCH_CHECK();
   }
+}
+
+// A non-blocking stream and two events per thread and device, for running the
+// general kernel beside the pipelined one (run_attention).
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  SideStream() = default;
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {  // at thread exit; errors ignored (the context may be gone at process exit)
+    if (fork) cudaEventDestroy(fork);
+    if (join) cudaEventDestroy(join);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+SideStream& side_stream() {
+  thread_local std::map<int, SideStream> per_device;
+  int dev = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  SideStream& s = per_device[dev];
+  if (s.stream == nullptr) {
+    SKVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+    SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
+  }
+  return s;
 }
 
 }  // namespace
@@ -1512,10 +1540,25 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
   // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
   const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
+  // The general kernel (exact sinks and tail) writes other splits of the
+  // workspace than the pipelined kernel: it runs beside it on a side stream
+  // (fork and join by events), so that a short context does not pay for the
+  // two one after the other.
   auto both = [&](auto fast_launch, auto mma_launch, auto gen_launch) {
+    if (!fast) {
+      gen_launch(gen, stream);
+      return;
+    }
+    SideStream* side = gen.n_ranges > 0 ? &side_stream() : nullptr;
+    if (side) {
+      SKVQ_CUDA_CHECK(cudaEventRecord(side->fork, stream));
+      SKVQ_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
+      gen_launch(gen, side->stream);
+      SKVQ_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
+    }
     if (mma) mma_launch(p, fast_splits, stream);
-    else if (fast) fast_launch(p, fast_splits, stream);
-    if (!fast || gen.n_ranges > 0) gen_launch(gen, stream);
+    else fast_launch(p, fast_splits, stream);
+    if (side) SKVQ_CUDA_CHECK(cudaStreamWaitEvent(stream, side->join, 0));
   };
   if (dense) {
     launch_rows<2, 2, true>(p, stream);
