@@ -1,5 +1,9 @@
 // Fused split-K attention over the device cache: [exact sinks | packed body |
 // exact tail], grouped-query attention, causal prefill, and a combine step.
+// The packed body goes through a pipelined kernel (128-token tiles in a
+// cp.async ring): attn_fast_kernel (dp4a, below) for one or two query rows
+// per KV head, attn_imma_kernel (int8 tensor cores) for three or more; exact
+// sinks and tail through attn_kernel, beside it on a side stream.
 //
 // A block (128 threads) owns one (batch, kv head, token split) and up to NQ
 // query rows of that kv head. Its threads form 16 groups of 8 lanes; a group
