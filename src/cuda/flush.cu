@@ -146,9 +146,10 @@ __global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block)
   const int t0 = rb * rows_per_block, nr = min(rows_per_block, f.window - t0);
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
   const int* perm = s.perm ? s.perm + h * D : nullptr;
-  for (int e = threadIdx.x; e < nr * P; e += blockDim.x) {
-    const int r = e / P, j = min(e % P, D - 1);  // padding repeats the last permuted value
-    rows[r * stride + e % P] = static_cast<T>(src[static_cast<std::int64_t>(r) * D + (perm ? perm[j] : j)]);
+  for (int j = threadIdx.x; j < P; j += blockDim.x) {  // a column of the block's rows (no division per element)
+    const int jj = min(j, D - 1);                        // padding repeats the last permuted value
+    const __half* col = src + (perm ? perm[jj] : jj);
+    for (int r = 0; r < nr; ++r) rows[r * stride + j] = static_cast<T>(col[static_cast<std::int64_t>(r) * D]);
   }
   __syncthreads();
   const int rl = threadIdx.x / G, k = threadIdx.x % G;
