@@ -10,6 +10,7 @@ quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
 out=${1:-${OUT:-/tmp/skvq-gpu}}
 mkdir -p "$out"
 if [ -x .devrun/skvq_tests ]; then
+  [ -f .devrun/lib.tar.xz ] && [ ! -d .devrun/lib ] && tar -C .devrun -xJf .devrun/lib.tar.xz
   bin=.devrun; export LD_LIBRARY_PATH="$PWD/.devrun/lib:${LD_LIBRARY_PATH:-}"
 else
   cmake -S . -B build-gpu -DSKVQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j"$(nproc)" >/dev/null || exit 1
@@ -19,10 +20,10 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 echo "== GPU tests"
 "$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
 grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
-for m in 0 1; do
-  echo "== GPU tests, integer tensor-core kernel forced off/on (SKVQ_CUDA_IMMA=$m)"
-  SKVQ_CUDA_IMMA=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_imma$m.txt" 2>&1
-  grep -E "Failure|FAILED|PASSED" "$out/tests_imma$m.txt" | head -n 10
+for m in fast imma tmma; do
+  echo "== GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)"
+  SKVQ_CUDA_BODY=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_$m.txt" 2>&1
+  grep -E "Failure|FAILED|PASSED" "$out/tests_$m.txt" | head -n 10
 done
 echo "== GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)"
 SKVQ_CUDA_MMA=1 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_mma.txt" 2>&1

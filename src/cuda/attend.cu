@@ -2,8 +2,10 @@
 // exact tail], grouped-query attention, causal prefill, and a combine step.
 // The packed body goes through a pipelined kernel (128-token tiles in a
 // cp.async ring): attn_fast_kernel (dp4a, below) for one or two query rows
-// per KV head, attn_imma_kernel (int8 tensor cores) for three or more; exact
-// sinks and tail through attn_kernel, beside it on a side stream.
+// per KV head, attn_tmma_kernel (int8 tensor cores, tokens as MMA rows) for
+// three or four, attn_imma_kernel (int8 tensor cores, query rows as MMA
+// rows) for more; exact sinks and tail through attn_kernel, beside it on a
+// side stream.
 //
 // A block (128 threads) owns one (batch, kv head, token split) and up to NQ
 // query rows of that kv head. Its threads form 16 groups of 8 lanes; a group
@@ -957,6 +959,294 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   store_merged(p, b, h, row0, split, 4, kImmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
 }
 
+// ---- token-major integer tensor-core kernel (up to 4 query rows) ----
+//
+// The same products with the roles turned: tokens (keys) and channels
+// (values) are the 16 MMA rows, and the query rows are the 8 columns, two per
+// row (its high and low bytes). Each MMA then does useful work in every row
+// and column when 4 query rows share a KV head, and half the MMAs and half the
+// integer-to-float work of attn_imma_kernel are needed per token:
+//   scores^T (16 tokens x 8)   = K (16 tokens x 32 channels, u8 codes) . Q^T (32 x 8, s8 q bytes)
+//   out^T    (16 channels x 8) = V^T (16 channels x 32 tokens, u8 codes) . W^T (32 x 8, u8 weight bytes)
+// Lane (g, t) ends with row t's scores of tokens g, g + 8 (+16, +24) and row t's
+// sums of two channels per n-tile; the weights travel to the lanes that hold
+// W^T with 8 shuffles per 32 tokens. Same 16-bit q and 16-bit weights (per 32
+// tokens and metadata group) as the other integer paths (docs/numerics.md).
+constexpr int kTmmaRows = 4;
+
+__device__ __forceinline__ void imma_u8s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Row `row` of the query block, rounded as in the dp4a path: qstep, and the
+// row's q (log2 units) in the keys' stored channel order.
+__device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
+  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  valid = row < n_rows;
+  const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
+  return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
+}
+
+template <int KB, int VB, int META, int GS>
+__global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams p, int row0) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  constexpr int PK = 8 / KB, PV = 8 / VB;
+  constexpr unsigned kMaskK = ((1u << KB) - 1u) * 0x01010101u, kMaskV = ((1u << VB) - 1u) * 0x01010101u;
+  static_assert(VB == 2 || VB == 4, "two value slices per byte pair");
+  static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
+  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;
+  constexpr int kgs = GS == 32 ? 2 : GS == 64 ? 1 : 0;  // log2 of the metadata groups in a row
+  constexpr int spg = GS / 32;                          // k-steps (32 channels) a group
+  constexpr int kSets = 4 * VB / 8 * 4;                 // byte sets of 8 bytes in a row: 4 VB
+  constexpr int kPairs = PV / 2;                        // slice pairs (n-tiles) per byte set
+  const FastLayout<kFastTile> lay(p);
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
+  constexpr int krow = 16 * KB, vrow = 16 * VB;
+  const float qscale = p.scale * 1.4426950408889634f;  // log2 units
+
+  // Row t (C columns 2t, 2t + 1): its qstep, per-k-step sums of q, causal limit.
+  bool tvalid;
+  const float* qt = tmma_qrow(p, b, h, row0 + t, tvalid);
+  float qmax_t = 0.0f, qs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+    for (int ch = 32 * ks; ch < 32 * ks + 32; ++ch) {
+      const float x = tvalid ? qt[kperm ? kperm[ch] : ch] * qscale : 0.0f;
+      qmax_t = fmaxf(qmax_t, fabsf(x));
+      qs[ks] += x;
+    }
+  const float qstep_t = qmax_t > 0.0f ? qmax_t / 32512.0f : 1.0f;
+  const std::int64_t limit = tvalid ? p.kv_len - p.Sq + (row0 + t) % p.Sq : -1;
+  // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
+  // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1).
+  unsigned qb[4][2];
+  {
+    bool gvalid;
+    const float* qg = tmma_qrow(p, b, h, row0 + g / 2, gvalid);
+    float qmax_g = 0.0f;
+    for (int ch = 0; ch < kD; ++ch) qmax_g = fmaxf(qmax_g, gvalid ? fabsf(qg[kperm ? kperm[ch] : ch] * qscale) : 0.0f);
+    const float qstep_g = qmax_g > 0.0f ? qmax_g / 32512.0f : 1.0f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        unsigned v = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
+          const float x = gvalid ? qg[kperm ? kperm[ch] : ch] * qscale : 0.0f;
+          const int r = static_cast<int>(fminf(fmaxf(rintf(x / qstep_g), -32512.0f), 32512.0f));
+          const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+          const int part = (g & 1) ? r - 256 * hi : hi;
+          v |= static_cast<unsigned>(part & 0xFF) << (8 * j);
+        }
+        qb[ks][e] = v;
+      }
+  }
+
+  // acc[s][pair][i]: row t, channel (8 s + g) PV + 2 pair + i; lacc per metadata group.
+  float m = -INFINITY, l = 0.0f, acc[kSets][kPairs][2], lacc[4];
+#pragma unroll
+  for (int s = 0; s < kSets; ++s)
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q) acc[s][q][0] = acc[s][q][1] = 0.0f;
+#pragma unroll
+  for (int v = 0; v < 4; ++v) lacc[v] = 0.0f;
+  const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
+  const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
+
+  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);
+    auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
+    const int lo = rel(p.sinks), hi = min(rel(limit), live - 1);
+    const int base = warp * 32;
+
+    // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g
+    float s[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
+      const unsigned char* k1 = k0 + 8 * krow;
+      int c[4][4];
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        unsigned a[4];
+        if constexpr (PK == 1) {
+          const uint2 w0 = *reinterpret_cast<const uint2*>(k0 + 4 * (ks * KB + 2 * t));
+          const uint2 w1 = *reinterpret_cast<const uint2*>(k1 + 4 * (ks * KB + 2 * t));
+          a[0] = w0.x, a[1] = w1.x, a[2] = w0.y, a[3] = w1.y;
+        } else {
+          const int wo = 4 * (ks * KB + (2 * t) / PK), sh = ((2 * t) % PK) * KB;
+          const unsigned w0 = *reinterpret_cast<const unsigned*>(k0 + wo), w1 = *reinterpret_cast<const unsigned*>(k1 + wo);
+          a[0] = (w0 >> sh) & kMaskK, a[1] = (w1 >> sh) & kMaskK;
+          a[2] = (w0 >> (sh + KB)) & kMaskK, a[3] = (w1 >> (sh + KB)) & kMaskK;
+        }
+        c[ks][0] = c[ks][1] = c[ks][2] = c[ks][3] = 0;
+        imma_u8s8(c[ks], a, qb[ks][0], qb[ks][1]);
+      }
+      float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
+      int hs[2] = {0, 0}, ls[2] = {0, 0};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0, qsum = 0.0f;
+        hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
+        qsum += qs[ks];
+        if ((ks + 1) % spg == 0) {
+          const int kg = ks / spg;
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int mo = (((base + 16 * mt + 8 * i + g) << kgs) + kg) * mb;
+            const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
+            sc[i] += fmaf(ksc * qstep_t, static_cast<float>(hs[i] * 256 + ls[i]), klo * qsum);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int local = base + 16 * mt + 8 * i + g;
+        s[mt][i] = (local >= lo && local <= hi) ? sc[i] : -INFINITY;
+      }
+    }
+
+    // online softmax of row t over the 32 tokens (its 8 lanes: xor 4, 8, 16)
+    float mt_ = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 4));
+    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 8));
+    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 16));
+    const float mnew = fmaxf(m, mt_);
+    float pw[2][2];
+    if (mnew == -INFINITY) {
+      pw[0][0] = pw[0][1] = pw[1][0] = pw[1][1] = 0.0f;
+    } else {
+      const float corr = fast_exp2(m - mnew);
+      float sum = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          pw[mt][i] = fast_exp2(s[mt][i] - mnew);
+          sum += pw[mt][i];
+        }
+      l = l * corr + sum;
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) lacc[v] *= corr;
+#pragma unroll
+        for (int s2 = 0; s2 < kSets; ++s2)
+#pragma unroll
+          for (int q = 0; q < kPairs; ++q) acc[s2][q][0] *= corr, acc[s2][q][1] *= corr;
+      }
+      m = mnew;
+    }
+
+    // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
+    unsigned wb[2] = {0, 0};
+    float vsw = 0.0f;
+#pragma unroll
+    for (int set = 0; set < kSets; ++set) {
+      constexpr int kSetCh = 8 * PV;  // channels of a byte set
+      if ((set * kSetCh) % GS == 0) {  // a new value metadata group: the weights of row t, then W^T
+        const int vgrp = (set * kSetCh) / GS;
+        float u[2][2], umax = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int local = base + 16 * mt + 8 * i + g;
+            const int mo = ((local << kgs) + vgrp) * mb;
+            const bool ok = local < live;
+            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+            const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
+            u[mt][i] = pw[mt][i] * vs;
+            umax = fmaxf(umax, u[mt][i]);
+            lsum = fmaf(pw[mt][i], vl, lsum);
+          }
+        lacc[vgrp] += lsum;
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 8));
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 16));
+        const float sw = umax * (1.0f / 65535.0f);
+        const float inv = umax > 0.0f ? __frcp_rn(sw) : 0.0f;
+        unsigned r[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int i = 0; i < 2; ++i) r[mt][i] = __float2uint_rn(fminf(u[mt][i] * inv, 65535.0f));
+        // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
+        // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
+        const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
+        unsigned v0[4], v1[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          v0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
+          v1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
+        }
+        wb[0] = __byte_perm(__byte_perm(v0[0], v0[1], wsel), __byte_perm(v0[2], v0[3], wsel), 0x5410);
+        wb[1] = __byte_perm(__byte_perm(v1[0], v1[1], wsel), __byte_perm(v1[2], v1[3], wsel), 0x5410);
+        vsw = sw;  // row t's step: the C columns of this lane are row t's
+      }
+      // V^T rows g / g + 8: byte 8 set + g of the row, slices 2 q and 2 q + 1, at tokens 8 j + t (a0, a1)
+      // and 8 j + 4 + t (a2, a3)
+      const int byte = 8 * set + g, wofs = byte & ~3;
+      unsigned x[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
+        const unsigned w0 = *reinterpret_cast<const unsigned*>(vr);
+        const unsigned w1 = *reinterpret_cast<const unsigned*>(vr + 8 * vrow);
+        const unsigned w2 = *reinterpret_cast<const unsigned*>(vr + 16 * vrow);
+        const unsigned w3 = *reinterpret_cast<const unsigned*>(vr + 24 * vrow);
+        x[half] = __byte_perm(__byte_perm(w0, w1, vsel), __byte_perm(w2, w3, vsel), 0x5410);
+      }
+#pragma unroll
+      for (int q = 0; q < kPairs; ++q) {
+        const unsigned m0 = kMaskV << (2 * q * VB), m1 = kMaskV << ((2 * q + 1) * VB);
+        const unsigned a[4] = {x[0] & m0, x[0] & m1, x[1] & m0, x[1] & m1};
+        int c[4] = {0, 0, 0, 0};
+        imma_u8u8(c, a, wb[0], wb[1]);
+        // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1
+        const float u0 = vsw * __uint_as_float(static_cast<unsigned>(127 - 2 * q * VB) << 23);
+        const float u1 = vsw * __uint_as_float(static_cast<unsigned>(127 - (2 * q + 1) * VB) << 23);
+        acc[set][q][0] = fmaf(u0, static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
+        acc[set][q][1] = fmaf(u1, static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
+      }
+    }
+    __syncthreads();  // the stage is refilled two tiles later
+  }
+
+  // merge the 4 warps in shared memory; one partial per row
+  __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
+  __shared__ float sm_acc[4][kTmmaRows][kD];
+#pragma unroll
+  for (int x = 4; x <= 16; x *= 2) {
+    l += __shfl_xor_sync(0xffffffffu, l, x);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) lacc[v] += __shfl_xor_sync(0xffffffffu, lacc[v], x);
+  }
+  if (g == 0) sm_m[warp][t] = m, sm_l[warp][t] = l;
+#pragma unroll
+  for (int set = 0; set < kSets; ++set)
+#pragma unroll
+    for (int q = 0; q < kPairs; ++q)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int ch = (8 * set + g) * PV + 2 * q + i;
+        sm_acc[warp][t][ch] = acc[set][q][i] + lacc[(set * 8 * PV) / GS];
+      }
+  __syncthreads();
+  store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+}
+
 // ---- tensor-core kernel for the packed body ----
 //
 // Same tiles and cp.async ring as attn_fast_kernel, but each warp takes 16
@@ -1295,30 +1585,45 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   out[qrow * kD + dst] = ((A0 + A1) + (A2 + A3)) / L;
 }
 
-// The integer tensor-core kernel takes the packed body when 3 or more query
-// rows share a KV head (grouped-query attention, prefill) and value n-tiles
-// fit its metadata groups (groups of 32, 64 or 128 channels, values of 2+
-// bits): its cost per token does not grow with the rows (up to 8), while the
-// dp4a kernel's does. With one or two rows the dp4a kernel is faster
-// (docs/performance.md). SKVQ_CUDA_IMMA=0 turns it off, =1 forces it where
-// the layout allows (tests).
-int imma_mode() {
-  static const int mode = [] {
-    const char* e = std::getenv("SKVQ_CUDA_IMMA");
-    return e == nullptr ? -1 : std::string(e) == "0" ? 0 : std::string(e) == "1" ? 1 : -1;
+// Which pipelined kernel takes the packed body. The integer tensor-core
+// kernels need value n-tiles inside one metadata group (groups of 32, 64 or
+// 128 channels); the token-major one also values of 2 or 4 bits.
+// SKVQ_CUDA_BODY=fast|imma|tmma forces one where the layout allows (tests,
+// benchmarks). By default (measured, docs/performance.md): one or two rows per
+// KV head (multi-head decode) through attn_fast_kernel, three or four
+// (grouped-query decode) through attn_tmma_kernel, more (wider groups,
+// prefill) through attn_imma_kernel, 8 rows a launch.
+enum class Body { fast, imma, tmma };
+int body_override() {  // -1: none
+  static const int v = [] {
+    const char* e = std::getenv("SKVQ_CUDA_BODY");
+    const std::string s = e ? e : "";
+    return s == "fast" ? 0 : s == "imma" ? 1 : s == "tmma" ? 2 : -1;
   }();
-  return mode;
+  return v;
 }
-bool use_imma(const AttnParams& p) {
-  const bool layout = (p.group == 32 || p.group == 64 || p.group == 128) && p.v.bits >= 2;
+Body body_kernel(const AttnParams& p) {
+  const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
+  const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4);
   const int rows = (p.Hq / p.Hkv) * p.Sq;
-  return layout && imma_mode() != 0 && (imma_mode() == 1 || rows >= 3);
+  switch (body_override()) {
+    case 0: return Body::fast;
+    case 1: return imma ? Body::imma : Body::fast;
+    case 2: return tmma ? Body::tmma : Body::fast;
+    default: break;
+  }
+  if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
+  if (imma && rows >= 3) return Body::imma;
+  return Body::fast;
 }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
-  if (use_imma(p)) return std::min(left, kImmaRows);
-  return left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  switch (body_kernel(p)) {
+    case Body::imma: return std::min(left, kImmaRows);
+    case Body::tmma: return std::min(left, kTmmaRows);
+    default: return left >= 4 ? 4 : left >= 2 ? 2 : 1;
+  }
 }
 
 // Calls f with the pipelined kernel for nq query rows (the integer
@@ -1331,8 +1636,16 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
     else if (p.meta == 1) f(k32);
     else f(k8);
   };
+  if constexpr (VB == 2 || VB == 4) {
+    if (body_kernel(p) == Body::tmma) {
+      if (p.group == 32) by_meta(attn_tmma_kernel<KB, VB, 0, 32>, attn_tmma_kernel<KB, VB, 1, 32>, attn_tmma_kernel<KB, VB, 2, 32>);
+      else if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64>, attn_tmma_kernel<KB, VB, 1, 64>, attn_tmma_kernel<KB, VB, 2, 64>);
+      else by_meta(attn_tmma_kernel<KB, VB, 0, 128>, attn_tmma_kernel<KB, VB, 1, 128>, attn_tmma_kernel<KB, VB, 2, 128>);
+      return;
+    }
+  }
   if constexpr (VB >= 2) {
-    if (use_imma(p)) {
+    if (body_kernel(p) == Body::imma) {
       if (p.group == 32) by_meta(attn_imma_kernel<KB, VB, 0, 32>, attn_imma_kernel<KB, VB, 1, 32>, attn_imma_kernel<KB, VB, 2, 32>);
       else if (p.group == 64) by_meta(attn_imma_kernel<KB, VB, 0, 64>, attn_imma_kernel<KB, VB, 1, 64>, attn_imma_kernel<KB, VB, 2, 64>);
       else by_meta(attn_imma_kernel<KB, VB, 0, 128>, attn_imma_kernel<KB, VB, 1, 128>, attn_imma_kernel<KB, VB, 2, 128>);
