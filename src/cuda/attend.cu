@@ -1010,28 +1010,49 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
   constexpr int krow = 16 * KB, vrow = 16 * VB;
   const float qscale = p.scale * 1.4426950408889634f;  // log2 units
 
+  // The block's query rows in shared memory (stored channel order, log2
+  // units), with each row's max |q| and per-k-step sums (warp w: row w).
+  __shared__ float sq[kTmmaRows][kD], sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
+  for (int e = threadIdx.x; e < kTmmaRows * kD; e += kThreads) {
+    const int r = e / kD, ch = e % kD;
+    bool ok;
+    const float* qr = tmma_qrow(p, b, h, row0 + r, ok);
+    sq[r][ch] = ok ? qr[kperm ? kperm[ch] : ch] * qscale : 0.0f;
+  }
+  __syncthreads();
+  {
+    float mx = 0.0f, sm[4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      sm[ks] = sq[warp][32 * ks + lane];
+      mx = fmaxf(mx, fabsf(sm[ks]));
+    }
+#pragma unroll
+    for (int x = 1; x < 32; x *= 2) {
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) sm[ks] += __shfl_xor_sync(0xffffffffu, sm[ks], x);
+    }
+    if (lane == 0) {
+      sq_max[warp] = mx;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) sq_sum[warp][ks] = sm[ks];
+    }
+  }
+  __syncthreads();
   // Row t (C columns 2t, 2t + 1): its qstep, per-k-step sums of q, causal limit.
   bool tvalid;
-  const float* qt = tmma_qrow(p, b, h, row0 + t, tvalid);
-  float qmax_t = 0.0f, qs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  tmma_qrow(p, b, h, row0 + t, tvalid);
+  float qs[4];
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks)
-    for (int ch = 32 * ks; ch < 32 * ks + 32; ++ch) {
-      const float x = tvalid ? qt[kperm ? kperm[ch] : ch] * qscale : 0.0f;
-      qmax_t = fmaxf(qmax_t, fabsf(x));
-      qs[ks] += x;
-    }
-  const float qstep_t = qmax_t > 0.0f ? qmax_t / 32512.0f : 1.0f;
+  for (int ks = 0; ks < 4; ++ks) qs[ks] = sq_sum[t][ks];
+  const float qstep_t = sq_max[t] > 0.0f ? sq_max[t] / 32512.0f : 1.0f;
   const std::int64_t limit = tvalid ? p.kv_len - p.Sq + (row0 + t) % p.Sq : -1;
   // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
   // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1).
   unsigned qb[4][2];
   {
-    bool gvalid;
-    const float* qg = tmma_qrow(p, b, h, row0 + g / 2, gvalid);
-    float qmax_g = 0.0f;
-    for (int ch = 0; ch < kD; ++ch) qmax_g = fmaxf(qmax_g, gvalid ? fabsf(qg[kperm ? kperm[ch] : ch] * qscale) : 0.0f);
-    const float qstep_g = qmax_g > 0.0f ? qmax_g / 32512.0f : 1.0f;
+    const float qstep_g = sq_max[g / 2] > 0.0f ? sq_max[g / 2] / 32512.0f : 1.0f;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
@@ -1040,8 +1061,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
-          const float x = gvalid ? qg[kperm ? kperm[ch] : ch] * qscale : 0.0f;
-          const int r = static_cast<int>(fminf(fmaxf(rintf(x / qstep_g), -32512.0f), 32512.0f));
+          const int r = static_cast<int>(fminf(fmaxf(rintf(sq[g / 2][ch] / qstep_g), -32512.0f), 32512.0f));
           const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
           const int part = (g & 1) ? r - 256 * hi : hi;
           v |= static_cast<unsigned>(part & 0xFF) << (8 * j);
