@@ -88,6 +88,25 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The integer forms shared by the dp4a and tensor-core paths (docs/numerics.md):
+// q rounded to 16 bits against its row's max |q| as a high and a low byte
+// (q ~ (256 hi + lo) * step), and value weights rounded to 16 unsigned bits
+// against their block's maximum (u ~ r * step).
+__device__ __forceinline__ float q16_step(float qmax) { return qmax > 0.0f ? qmax / 32512.0f : 1.0f; }
+__device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo) {
+  const int r = static_cast<int>(fminf(fmaxf(rintf(x / step), -32512.0f), 32512.0f));
+  hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+  lo = r - 256 * hi;
+}
+struct W16 {
+  float step, inv;  // u ~ r * step, r = rint(u * inv) in [0, 65535]
+  __device__ __forceinline__ unsigned round(float u) const { return __float2uint_rn(fminf(u * inv, 65535.0f)); }
+};
+__device__ __forceinline__ W16 w16_of(float umax) {
+  const float step = umax * (1.0f / 65535.0f);
+  return W16{step, umax > 0.0f ? __frcp_rn(step) : 0.0f};
+}
+
 // 16 fp16 channels of an exact row, in `perm` order when given.
 __device__ __forceinline__ void load_exact(const __half* row, const int* perm, int lane, float* x) {
   if (perm == nullptr) {
@@ -190,7 +209,7 @@ struct GroupState {
       qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
       qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
       qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 4));
-      qstep[n] = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+      qstep[n] = q16_step(qmax);
 #pragma unroll
       for (int wi = 0; wi < kWords; ++wi)
 #pragma unroll
@@ -200,10 +219,10 @@ struct GroupState {
           for (int b = 0; b < 4; ++b) {
             const int c = (32 * wi + 8 * b + m * KB) / KB;
             if (c >= kCPL) continue;
-            const int r = static_cast<int>(fminf(fmaxf(rintf(q[n][c] / qstep[n]), -32512.0f), 32512.0f));
-            const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+            int hi, lo;
+            q16_split(q[n][c], qstep[n], hi, lo);
             hp |= static_cast<unsigned>(hi & 0xFF) << (8 * b);
-            lp |= static_cast<unsigned>((r - 256 * hi) & 0xFF) << (8 * b);
+            lp |= static_cast<unsigned>(lo & 0xFF) << (8 * b);
           }
           qh[n][wi * kPerByte + m] = static_cast<int>(hp);
           ql[n][wi * kPerByte + m] = static_cast<int>(lp);
@@ -309,14 +328,14 @@ struct GroupState {
         umax = fmaxf(umax, pw[t][n] * vs[t]);
         lacc[n] = fmaf(pw[t][n], vl[t], lacc[n]);
       }
-      const float sw = umax * (1.0f / 65535.0f);
-      const float inv = umax > 0.0f ? __frcp_rn(sw) : 0.0f;
+      const W16 w16 = w16_of(umax);
+      const float sw = w16.step;
       unsigned wl[kQ], wh[kQ];  // low and high bytes of the 4 tokens' 16-bit weights
 #pragma unroll
       for (int qd = 0; qd < kQ; ++qd) {
         unsigned r[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) r[j] = __float2uint_rn(fminf(pw[4 * qd + j][n] * vs[4 * qd + j] * inv, 65535.0f));
+        for (int j = 0; j < 4; ++j) r[j] = w16.round(pw[4 * qd + j][n] * vs[4 * qd + j]);
         const unsigned r01 = __byte_perm(r[0], r[1], 0x5140), r23 = __byte_perm(r[2], r[3], 0x5140);
         wl[qd] = __byte_perm(r01, r23, 0x5410), wh[qd] = __byte_perm(r01, r23, 0x7632);
       }
@@ -746,7 +765,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   }
   qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
   qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
-  const float qstep = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+  const float qstep = q16_step(qmax);
   unsigned qa[4][4];  // per k-step: a0 (row g, high), a1 (row g + 8, low), a2, a3 (k + 16)
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) {
@@ -757,10 +776,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
       unsigned hp = 0, lp = 0;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int r = static_cast<int>(fminf(fmaxf(rintf(qf[ks][e][j] / qstep), -32512.0f), 32512.0f));
-        const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
+        int hi, lo;
+        q16_split(qf[ks][e][j], qstep, hi, lo);
         hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
-        lp |= static_cast<unsigned>((r - 256 * hi) & 0xFF) << (8 * j);
+        lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
       }
       qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
     }
@@ -890,13 +909,13 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
         lacc[vg] += lsum;
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 1));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
-        vsw = umax * (1.0f / 65535.0f);
-        const float inv = umax > 0.0f ? __frcp_rn(vsw) : 0.0f;
+        const W16 w16 = w16_of(umax);
+        vsw = w16.step;
         unsigned r[4][2];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) r[nt][i] = __float2uint_rn(fminf(u[nt][i] * inv, 65535.0f));
+          for (int i = 0; i < 2; ++i) r[nt][i] = w16.round(u[nt][i]);
         // k = 4 t + j: token (j / 2) * 8 + 2 t + j % 2; k = 16 + 4 t + j: 16 more
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
@@ -1046,13 +1065,13 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
   float qs[4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) qs[ks] = sq_sum[t][ks];
-  const float qstep_t = sq_max[t] > 0.0f ? sq_max[t] / 32512.0f : 1.0f;
+  const float qstep_t = q16_step(sq_max[t]);
   const std::int64_t limit = tvalid ? p.kv_len - p.Sq + (row0 + t) % p.Sq : -1;
   // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
   // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1).
   unsigned qb[4][2];
   {
-    const float qstep_g = sq_max[g / 2] > 0.0f ? sq_max[g / 2] / 32512.0f : 1.0f;
+    const float qstep_g = q16_step(sq_max[g / 2]);
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks)
 #pragma unroll
@@ -1061,9 +1080,9 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
-          const int r = static_cast<int>(fminf(fmaxf(rintf(sq[g / 2][ch] / qstep_g), -32512.0f), 32512.0f));
-          const int hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
-          const int part = (g & 1) ? r - 256 * hi : hi;
+          int hi, lo;
+          q16_split(sq[g / 2][ch], qstep_g, hi, lo);
+          const int part = (g & 1) ? lo : hi;
           v |= static_cast<unsigned>(part & 0xFF) << (8 * j);
         }
         qb[ks][e] = v;
@@ -1195,13 +1214,12 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 8));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 16));
-        const float sw = umax * (1.0f / 65535.0f);
-        const float inv = umax > 0.0f ? __frcp_rn(sw) : 0.0f;
+        const W16 w16 = w16_of(umax);
         unsigned r[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) r[mt][i] = __float2uint_rn(fminf(u[mt][i] * inv, 65535.0f));
+          for (int i = 0; i < 2; ++i) r[mt][i] = w16.round(u[mt][i]);
         // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
         // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
         const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
@@ -1213,7 +1231,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
         }
         wb[0] = __byte_perm(__byte_perm(v0[0], v0[1], wsel), __byte_perm(v0[2], v0[3], wsel), 0x5410);
         wb[1] = __byte_perm(__byte_perm(v1[0], v1[1], wsel), __byte_perm(v1[2], v1[3], wsel), 0x5410);
-        vsw = sw;  // row t's step: the C columns of this lane are row t's
+        vsw = w16.step;  // row t's step: the C columns of this lane are row t's
       }
       // V^T rows g / g + 8: byte 8 set + g of the row, slices 2 q and 2 q + 1, at tokens 8 j + t (a0, a1)
       // and 8 j + 4 + t (a2, a3)
