@@ -702,15 +702,29 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
 constexpr int kImmaRows = 8;     // query rows per launch (A rows 0-7)
 constexpr int kImmaTokens = 32;  // tokens per warp per tile
 
-__device__ __forceinline__ void imma_s8u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// One int8 MMA (m16n8k32, exact int32 sums); SA / SB: whether A / B bytes are signed.
+template <bool SA, bool SB>
+__device__ __forceinline__ void imma(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#define SKVQ_IMMA(AT, BT)                                                                                     \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])                                                \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+  if constexpr (SA && !SB) SKVQ_IMMA("s8", "u8");
+  else if constexpr (!SA && SB) SKVQ_IMMA("u8", "s8");
+  else if constexpr (!SA && !SB) SKVQ_IMMA("u8", "u8");
+  else SKVQ_IMMA("s8", "s8");
+#undef SKVQ_IMMA
 }
-__device__ __forceinline__ void imma_u8u8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+
+// Byte `sel` (a __byte_perm selector picking byte k of two words: k | (4 + k) << 4)
+// of each of four words, packed low to high.
+__device__ __forceinline__ unsigned pick_bytes4(unsigned w0, unsigned w1, unsigned w2, unsigned w3, unsigned sel) {
+  return __byte_perm(__byte_perm(w0, w1, sel), __byte_perm(w2, w3, sel), 0x5410);
+}
+// The same byte of four packed rows, at byte offsets 0, o1, o2, o3 from p.
+__device__ __forceinline__ unsigned gather_bytes4(const unsigned char* p, int o1, int o2, int o3, unsigned sel) {
+  const auto w = [p](int o) { return *reinterpret_cast<const unsigned*>(p + o); };
+  return pick_bytes4(w(0), w(o1), w(o2), w(o3), sel);
 }
 
 // Key k-steps are 32 channels. Lane (g, t) supplies B rows (k) 4t..4t+3 from
@@ -723,11 +737,28 @@ __device__ __forceinline__ int imma_key_channel(int r, int j) {
   return (4 * (r / PK) + j) * PK + r % PK;
 }
 
+// Slice registers 2t and 2t + 1 of k-step ks of one packed key row (see
+// imma_key_channel): the key codes a lane feeds to the MMA for k = 4t + j and
+// 16 + 4t + j.
+template <int KB>
+__device__ __forceinline__ void key_slices(const unsigned char* row, int ks, int t, unsigned& s0, unsigned& s1) {
+  constexpr int PK = 8 / KB;
+  constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
+  if constexpr (PK == 1) {
+    const uint2 w = *reinterpret_cast<const uint2*>(row + 4 * (ks * KB + 2 * t));
+    s0 = w.x, s1 = w.y;
+  } else {
+    const unsigned w = *reinterpret_cast<const unsigned*>(row + 4 * (ks * KB + (2 * t) / PK));
+    const int sh = ((2 * t) % PK) * KB;
+    s0 = (w >> sh) & kMask, s1 = (w >> (sh + KB)) & kMask;
+  }
+}
+
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
-  constexpr int PK = 8 / KB, PV = 8 / VB, HV = VB / 2;  // codes per byte; byte sets per value group
-  constexpr unsigned kMaskK = ((1u << KB) - 1u) * 0x01010101u, kMaskV = ((1u << VB) - 1u) * 0x01010101u;
+  constexpr int PV = 8 / VB, HV = VB / 2;  // value codes per byte; byte sets per value group
+  constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
   static_assert(VB >= 2, "value n-tiles need 8 bytes per group");
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -817,16 +848,9 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         unsigned b0, b1;
-        if constexpr (PK == 1) {
-          const uint2 w = *reinterpret_cast<const uint2*>(kr + 4 * (ks * KB + 2 * t));
-          b0 = w.x, b1 = w.y;
-        } else {
-          const unsigned w = *reinterpret_cast<const unsigned*>(kr + 4 * (ks * KB + (2 * t) / PK));
-          const int sh = ((2 * t) % PK) * KB;
-          b0 = (w >> sh) & kMaskK, b1 = (w >> (sh + KB)) & kMaskK;
-        }
+        key_slices<KB>(kr, ks, t, b0, b1);
         c[ks][0] = c[ks][1] = c[ks][2] = c[ks][3] = 0;
-        imma_s8u8(c[ks], qa[ks], b0, b1);
+        imma<true, false>(c[ks], qa[ks], b0, b1);
       }
       float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
       int hs[2] = {0, 0}, ls[2] = {0, 0};  // a key group's integer sums (high, low rows)
@@ -932,17 +956,13 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const unsigned char* vr = stage + lay.vc + (base + 16 * half + 2 * t) * vrow + wofs;
-          const unsigned w0 = *reinterpret_cast<const unsigned*>(vr);
-          const unsigned w1 = *reinterpret_cast<const unsigned*>(vr + vrow);
-          const unsigned w2 = *reinterpret_cast<const unsigned*>(vr + 8 * vrow);
-          const unsigned w3 = *reinterpret_cast<const unsigned*>(vr + 9 * vrow);
-          xv[half] = __byte_perm(__byte_perm(w0, w1, vsel), __byte_perm(w2, w3, vsel), 0x5410);
+          xv[half] = gather_bytes4(vr, vrow, 8 * vrow, 9 * vrow, vsel);
         }
 #pragma unroll
         for (int mm = 0; mm < PV; ++mm) {
           int c[4] = {0, 0, 0, 0};
           const unsigned mask = kMaskV << (mm * VB);  // codes stay mm * VB bits up: folded into unit
-          imma_u8u8(c, va, xv[0] & mask, xv[1] & mask);
+          imma<false, false>(c, va, xv[0] & mask, xv[1] & mask);
           const float unit = vsw * __uint_as_float(static_cast<unsigned>(127 - mm * VB) << 23);
           acc[vg][hh * PV + mm][0] = fmaf(unit, static_cast<float>(c[0] * 256 + c[2]), acc[vg][hh * PV + mm][0]);
           acc[vg][hh * PV + mm][1] = fmaf(unit, static_cast<float>(c[1] * 256 + c[3]), acc[vg][hh * PV + mm][1]);
@@ -993,12 +1013,6 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 // tokens and metadata group) as the other integer paths (docs/numerics.md).
 constexpr int kTmmaRows = 4;
 
-__device__ __forceinline__ void imma_u8s8(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Row `row` of the query block, rounded as in the dp4a path: qstep, and the
 // row's q (log2 units) in the keys' stored channel order.
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
@@ -1011,8 +1025,8 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
-  constexpr int PK = 8 / KB, PV = 8 / VB;
-  constexpr unsigned kMaskK = ((1u << KB) - 1u) * 0x01010101u, kMaskV = ((1u << VB) - 1u) * 0x01010101u;
+  constexpr int PV = 8 / VB;
+  constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
   static_assert(VB == 2 || VB == 4, "two value slices per byte pair");
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;
@@ -1119,19 +1133,11 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
       int c[4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        unsigned a[4];
-        if constexpr (PK == 1) {
-          const uint2 w0 = *reinterpret_cast<const uint2*>(k0 + 4 * (ks * KB + 2 * t));
-          const uint2 w1 = *reinterpret_cast<const uint2*>(k1 + 4 * (ks * KB + 2 * t));
-          a[0] = w0.x, a[1] = w1.x, a[2] = w0.y, a[3] = w1.y;
-        } else {
-          const int wo = 4 * (ks * KB + (2 * t) / PK), sh = ((2 * t) % PK) * KB;
-          const unsigned w0 = *reinterpret_cast<const unsigned*>(k0 + wo), w1 = *reinterpret_cast<const unsigned*>(k1 + wo);
-          a[0] = (w0 >> sh) & kMaskK, a[1] = (w1 >> sh) & kMaskK;
-          a[2] = (w0 >> (sh + KB)) & kMaskK, a[3] = (w1 >> (sh + KB)) & kMaskK;
-        }
+        unsigned a[4];  // rows g (token k0) and g + 8 (token k1), k-halves 0 and 1
+        key_slices<KB>(k0, ks, t, a[0], a[2]);
+        key_slices<KB>(k1, ks, t, a[1], a[3]);
         c[ks][0] = c[ks][1] = c[ks][2] = c[ks][3] = 0;
-        imma_u8s8(c[ks], a, qb[ks][0], qb[ks][1]);
+        imma<false, true>(c[ks], a, qb[ks][0], qb[ks][1]);
       }
       float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
       int hs[2] = {0, 0}, ls[2] = {0, 0};
@@ -1229,8 +1235,8 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
           v0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
           v1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
         }
-        wb[0] = __byte_perm(__byte_perm(v0[0], v0[1], wsel), __byte_perm(v0[2], v0[3], wsel), 0x5410);
-        wb[1] = __byte_perm(__byte_perm(v1[0], v1[1], wsel), __byte_perm(v1[2], v1[3], wsel), 0x5410);
+        wb[0] = pick_bytes4(v0[0], v0[1], v0[2], v0[3], wsel);
+        wb[1] = pick_bytes4(v1[0], v1[1], v1[2], v1[3], wsel);
         vsw = w16.step;  // row t's step: the C columns of this lane are row t's
       }
       // V^T rows g / g + 8: byte 8 set + g of the row, slices 2 q and 2 q + 1, at tokens 8 j + t (a0, a1)
@@ -1240,18 +1246,14 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
-        const unsigned w0 = *reinterpret_cast<const unsigned*>(vr);
-        const unsigned w1 = *reinterpret_cast<const unsigned*>(vr + 8 * vrow);
-        const unsigned w2 = *reinterpret_cast<const unsigned*>(vr + 16 * vrow);
-        const unsigned w3 = *reinterpret_cast<const unsigned*>(vr + 24 * vrow);
-        x[half] = __byte_perm(__byte_perm(w0, w1, vsel), __byte_perm(w2, w3, vsel), 0x5410);
+        x[half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
       }
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
         const unsigned m0 = kMaskV << (2 * q * VB), m1 = kMaskV << ((2 * q + 1) * VB);
         const unsigned a[4] = {x[0] & m0, x[0] & m1, x[1] & m0, x[1] & m1};
         int c[4] = {0, 0, 0, 0};
-        imma_u8u8(c, a, wb[0], wb[1]);
+        imma<false, false>(c, a, wb[0], wb[1]);
         // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1
         const float u0 = vsw * __uint_as_float(static_cast<unsigned>(127 - 2 * q * VB) << 23);
         const float u1 = vsw * __uint_as_float(static_cast<unsigned>(127 - (2 * q + 1) * VB) << 23);
