@@ -104,7 +104,7 @@ TEST(Attend, RandomFusedLayouts) {
     c.window = std::vector<int>{16, 32, 64, 128}[rng() % 4];
     c.kv_len = 1 + rng() % (3 * c.window + 70);
     c.Sq = 1 + rng() % std::min<std::int64_t>(c.kv_len, 4);
-    c.D = std::vector<std::int64_t>{32, 64, 128, 256}[rng() % 4];
+    c.D = std::vector<std::int64_t>{16, 32, 64, 128, 256}[rng() % 5];
     c.Dv = rng() % 4 ? c.D : 64;
     c.n_sink = static_cast<int>(rng() % c.window);
     c.group = std::vector<int>{16, 32, 64, 128}[rng() % 4];

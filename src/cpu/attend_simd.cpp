@@ -497,6 +497,118 @@ HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+// ---------------------------------------------------------------------------
+// Keys through VNNI for rows of at most one vector (16, 32 or 64 bytes of
+// 1, 2, 4 or 8-bit codes: 16 / R rows a vector): 16 rows at a time, each
+// vector's 32-bit lanes get their word's exact integer dot product
+// 256 sum(hi c) + sum(lo c) (the query of BuildVnniQuery at one phase); adjacent
+// lanes are summed in integers up to one lane per (row, group) (ConcatEven +
+// ConcatOdd keep the order), the group's metadata is applied there in float,
+//   score(row, group) = (scale s) I + lo sum_group(q),
+// and the groups of a row are summed. The metadata arrays are as stored,
+// [row][group], so lanes meet them without any rearranging.
+// ---------------------------------------------------------------------------
+HWY_INLINE __m512i PairSumEpi32(__m512i a, __m512i b) {
+  const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_add_epi32(_mm512_permutex2var_epi32(a, ev, b), _mm512_permutex2var_epi32(a, od, b));
+}
+HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
+  const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b));
+}
+
+// BITS: code width; R: words a row (1..16, a power of two); LPG: words a group.
+// lo, sc: [row][group] metadata as float (readable up to 16 rows past the
+// last batch start); qg[l]: the sum of q over group l % G's channels; s: the
+// query's rounding step (q ~ s qi).
+template <int BITS, int R, int LPG>
+void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const float* lo, const float* sc, const VnniQuery& vq,
+                    float s, const float* qg, float* scores) {
+  constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
+  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  __m512i qh[kPerByte], ql[kPerByte];
+  for (int m = 0; m < kPerByte; ++m) {
+    qh[m] = _mm512_load_si512(vq.hi + m * 64);
+    ql[m] = _mm512_load_si512(vq.lo + m * 64);
+  }
+  const __m512 vs = _mm512_set1_ps(s), vqg = _mm512_loadu_ps(qg);
+  alignas(64) std::uint8_t pad[16 * kRB];
+  for (std::int64_t t0 = 0; t0 < n; t0 += 16) {
+    const std::uint8_t* src = codes + t0 * kRB;
+    if (t0 + 16 > n) {  // last, partial batch: zero rows
+      std::memset(pad, 0, sizeof(pad));
+      std::memcpy(pad, src, static_cast<std::size_t>((n - t0) * kRB));
+      src = pad;
+    }
+    __m512i y[kV];
+    for (int v = 0; v < kV; ++v) {
+      const __m512i w = _mm512_loadu_si512(src + 64 * v);
+      __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
+      for (int m = 0; m < kPerByte; ++m) {
+        __m512i x = m == 0 ? w : _mm512_srli_epi32(w, static_cast<unsigned>(m * BITS));
+        if constexpr (BITS < 8) x = _mm512_and_si512(x, mask);
+        ah = Dpbusd(ah, x, qh[m]);
+        al = Dpbusd(al, x, ql[m]);
+      }
+      y[v] = _mm512_add_epi32(_mm512_slli_epi32(ah, 8), al);
+    }
+    int cnt = kV;
+    for (int lpg = LPG; lpg > 1; lpg /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) y[j] = PairSumEpi32(y[2 * j], y[2 * j + 1]);
+    __m512 z[kV / LPG];
+    for (int i = 0; i < cnt; ++i) {
+      const std::int64_t e = t0 * kG + 16 * i;
+      z[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(sc + e), vs), _mm512_cvtepi32_ps(y[i]),
+                             _mm512_mul_ps(_mm512_loadu_ps(lo + e), vqg));
+    }
+    for (int g = kG; g > 1; g /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) z[j] = PairSumPs(z[2 * j], z[2 * j + 1]);
+    _mm512_storeu_ps(scores + t0, z[0]);  // scores has 16 floats of room past the block
+  }
+}
+#endif
+
+// The integer key path above applies: rows of 1..16 whole words, a power of two.
+bool VnniKeysOk(const FusedPlan& fk) {
+  return kVnni && fk.ok && fk.R <= 16 && (fk.R & (fk.R - 1)) == 0 && fk.lpg >= 1 && fk.lpg <= fk.R;
+}
+
+void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const float* lo, const float* sc,
+                   const VnniQuery& vq, float s, const float* qg, float* scores) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // (bits, R, lpg) -> instantiation; lpg <= R, all powers of two
+  auto by_lpg = [&]<int BITS, int R>() {
+    switch (fk.lpg) {
+      case 1: return VnniKeyScoresT<BITS, R, 1>(codes, n, lo, sc, vq, s, qg, scores);
+      case 2: if constexpr (R >= 2) return VnniKeyScoresT<BITS, R, 2>(codes, n, lo, sc, vq, s, qg, scores); break;
+      case 4: if constexpr (R >= 4) return VnniKeyScoresT<BITS, R, 4>(codes, n, lo, sc, vq, s, qg, scores); break;
+      case 8: if constexpr (R >= 8) return VnniKeyScoresT<BITS, R, 8>(codes, n, lo, sc, vq, s, qg, scores); break;
+      default: if constexpr (R >= 16) return VnniKeyScoresT<BITS, R, 16>(codes, n, lo, sc, vq, s, qg, scores); break;
+    }
+  };
+  auto by_r = [&]<int BITS>() {
+    switch (fk.R) {
+      case 1: return by_lpg.template operator()<BITS, 1>();
+      case 2: return by_lpg.template operator()<BITS, 2>();
+      case 4: return by_lpg.template operator()<BITS, 4>();
+      case 8: return by_lpg.template operator()<BITS, 8>();
+      default: return by_lpg.template operator()<BITS, 16>();
+    }
+  };
+  switch (fk.bits) {
+    case 1: return by_r.template operator()<1>();
+    case 2: return by_r.template operator()<2>();
+    case 4: return by_r.template operator()<4>();
+    default: return by_r.template operator()<8>();
+  }
+#else
+  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)vq, (void)s, (void)qg, (void)scores;
+#endif
+}
+
 // scores[t] = q . x_t for the block's rows. qpat[(k * P + ph) * N + lane]:
 // q of the channel that code k of the word in `lane` at phase ph holds; qls
 // [ph * N + lane]: the sum of q over that word's channels. With vq (AVX3_DL)
@@ -658,73 +770,79 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const std::int64_t n4 = (n + 3) / 4 * 4, entries = n4 * G;
   const Expander per_row(G, 16);
   const std::int64_t end = (entries + 15) / 16 * 16;
-  for (std::int64_t e = 0; e < end; e += 16) hn::Store(hn::Mul(per_row(w, e / 16), hn::LoadU(d, sc + e)), d, u + e);
-  std::fill(u + n * G, u + end, 0.0f);  // rows past n (their w and scale may be stale)
   VF vmax = hn::Zero(d);
-  for (std::int64_t e = 0; e < end; e += 16) vmax = hn::Max(vmax, hn::Load(d, u + e));
+  for (std::int64_t e = 0; e < end; e += 16) {
+    const VF x = hn::Mul(per_row(w, e / 16), hn::LoadU(d, sc + e));
+    hn::Store(x, d, u + e);
+    vmax = hn::Max(vmax, x);
+  }
+  if (n * G < end) {  // rows past n (their w and scale may be stale)
+    std::fill(u + n * G, u + end, 0.0f);
+    vmax = hn::Zero(d);
+    for (std::int64_t e = 0; e < end; e += 16) vmax = hn::Max(vmax, hn::Load(d, u + e));
+  }
   const float umax = hn::GetLane(hn::MaxOfLanes(d, vmax));
   if (!(umax > 0.0f)) return;
   const float sw = umax / 32512.0f;
-  const VF vsw = hn::Set(d, sw);
+  const VF vinv = hn::Set(d, 1.0f / sw);  // u / sw to within an ulp: |q| <= 32512 still (it rounds to nearest)
   const hn::RebindToSigned<DF> di;
   for (std::int64_t e = 0; e < end; e += 16) {
-    const auto q = hn::NearestInt(hn::Div(hn::Load(d, u + e), vsw));
+    const auto q = hn::NearestInt(hn::Mul(hn::Load(d, u + e), vinv));
     const auto h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
     hn::Store(h, di, qh + e);
     hn::Store(hn::Sub(q, hn::ShiftLeft<8>(h)), di, ql + e);
   }
+  // Per quad: 16 bytes, dword g = the 4 rows' int8 weights of group g.
+  const std::int64_t nq4 = n4 / 4;
+  alignas(64) std::int8_t wqh[kFused / 4][16], wql[kFused / 4][16];
   const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(vp.tr));
-  __m512i gsel[J];
-  for (int j = 0; j < J; ++j) gsel[j] = _mm512_load_si512(vp.gsel[j]);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  __m512i ah[J][kPerByte], al[J][kPerByte];
-  for (std::int64_t j = 0; j < J; ++j)
-    for (int m = 0; m < kPerByte; ++m) ah[j][m] = al[j][m] = _mm512_setzero_si512();
-  alignas(64) std::uint8_t pad[256];
-  for (std::int64_t t0 = 0; t0 < n; t0 += 4) {
-    const std::uint8_t* src = codes + t0 * RB;
-    if (t0 + 4 > n) {  // last, partial quad: zero rows (their weights are zero too)
-      std::memset(pad, 0, sizeof(pad));
-      std::memcpy(pad, src, static_cast<std::size_t>((n - t0) * RB));
-      src = pad;
-    }
-    // weights of the quad: dword g = 4 rows' int8 weights of group g
-    const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
-    const __m128i bh = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + t0 * G)), trv);
-    const __m128i bl = _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + t0 * G)), trv);
-    const __m512i th = _mm512_castsi128_si512(bh), tl = _mm512_castsi128_si512(bl);
-    const __m512i x0 = _mm512_loadu_si512(src);
-    __m512i x1 = x0, x2 = x0, x3 = x0;
-    if constexpr (RB >= 32) x1 = _mm512_loadu_si512(src + 64);
-    if constexpr (RB == 64) {
-      x2 = _mm512_loadu_si512(src + 128);
-      x3 = _mm512_loadu_si512(src + 192);
-    }
-    for (std::int64_t j = 0; j < J; ++j) {
-      const __m512i idx = _mm512_load_si512(vp.ix[j]);
+  const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
+  for (std::int64_t k = 0; k < nq4; ++k) {
+    _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]),
+                    _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + 4 * k * G)), trv));
+    _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]),
+                    _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + 4 * k * G)), trv));
+  }
+  // The last, partial quad from a zero-padded copy (its weights are zero too).
+  alignas(64) std::uint8_t pad[256] = {};
+  const std::int64_t full = n / 4;
+  if (full < nq4) std::memcpy(pad, codes + full * 4 * RB, static_cast<std::size_t>((n - full * 4) * RB));
+  // Slice m of a byte is masked in place (code * 2^(m bits), at most 255) and
+  // its sums scaled back by 2^-(m bits) at the end: no shifts.
+  const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
+  for (std::int64_t j = 0; j < J; ++j) {
+    const __m512i idx = _mm512_load_si512(vp.ix[j]), gsel = _mm512_load_si512(vp.gsel[j]);
+    __m512i ah[kPerByte], al[kPerByte];
+    for (int m = 0; m < kPerByte; ++m) ah[m] = al[m] = _mm512_setzero_si512();
+    for (std::int64_t k = 0; k < nq4; ++k) {
+      const std::uint8_t* src = k < full ? codes + k * 4 * RB : pad;
+      const __m512i x0 = _mm512_loadu_si512(src);
       __m512i y;
       if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
+        const __m512i x1 = _mm512_loadu_si512(src + 64), x2 = _mm512_loadu_si512(src + 128), x3 = _mm512_loadu_si512(src + 192);
         const __m512i y01 = _mm512_permutex2var_epi8(x0, idx, x1), y23 = _mm512_permutex2var_epi8(x2, idx, x3);
         y = _mm512_mask_blend_epi8(static_cast<__mmask64>(0xCCCCCCCCCCCCCCCCull), y01, y23);
+      } else if constexpr (RB == 32) {
+        y = _mm512_permutex2var_epi8(x0, idx, _mm512_loadu_si512(src + 64));
       } else {
-        y = _mm512_permutex2var_epi8(x0, idx, x1);
+        y = _mm512_permutexvar_epi8(idx, x0);
       }
-      const __m512i wh = _mm512_permutexvar_epi32(gsel[j], th), wl = _mm512_permutexvar_epi32(gsel[j], tl);
+      const __m512i wh = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k]))));
+      const __m512i wl = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k]))));
       for (int m = 0; m < kPerByte; ++m) {
-        __m512i c = m == 0 ? y : _mm512_srli_epi32(y, static_cast<unsigned>(m * BITS));
-        if constexpr (BITS < 8) c = _mm512_and_si512(c, mask);
-        ah[j][m] = Dpbusd(ah[j][m], c, wh);
-        al[j][m] = Dpbusd(al[j][m], c, wl);
+        __m512i c = y;
+        if constexpr (BITS < 8) c = _mm512_and_si512(y, _mm512_set1_epi8(static_cast<char>(((1 << BITS) - 1) << (m * BITS))));
+        ah[m] = Dpbusd(ah[m], c, wh);
+        al[m] = Dpbusd(al[m], c, wl);
       }
     }
-  }
-  const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
-  for (std::int64_t j = 0; j < J; ++j)
     for (int m = 0; m < kPerByte; ++m) {
       float* slot = accv + (j * kPerByte + m) * 16;
-      const VF fh{_mm512_cvtepi32_ps(ah[j][m])}, fl{_mm512_cvtepi32_ps(al[j][m])};
-      hn::Store(hn::MulAdd(fh, s_hi, hn::MulAdd(fl, s_lo, hn::Load(d, slot))), d, slot);
+      const VF down = hn::Set(d, std::ldexp(1.0f, -m * BITS));
+      const VF fh{_mm512_cvtepi32_ps(ah[m])}, fl{_mm512_cvtepi32_ps(al[m])};
+      hn::Store(hn::MulAdd(hn::Mul(fh, down), s_hi, hn::MulAdd(hn::Mul(fl, down), s_lo, hn::Load(d, slot))), d, slot);
     }
+  }
   // sum_t p_t lo_t per group, as in FusedValues
   const Expander per_group(G, 16);
   VF l = hn::Load(d, lov);
@@ -829,7 +947,9 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
   auto vlo = alloc(kFused * fv.G + L), vsc = alloc(kFused * fv.G + L);
   const VnniValuePlan vv = PlanVnniValues(fv);
   auto accv = alloc(nq * vv.slots());
-  const bool vnni = kVnni && fk.ok;
+  const bool vnni = kVnni && fk.ok, vkeys = vnni && VnniKeysOk(fk);
+  auto qg = alloc(nq * L);  // per query row: sum of q over group l % G (vkeys)
+  std::vector<float> qstep(static_cast<std::size_t>(nq));
   const std::int64_t vbytes = vnni ? (8 / fk.bits) * fk.P * 4 * L : 0;
   auto vnni_q = hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * nq * vbytes, 1)));
   std::vector<VnniQuery> vq(static_cast<std::size_t>(nq));
@@ -854,7 +974,15 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
         std::int8_t* hi = vnni_q.get() + 2 * qi * vbytes;
         v.hi = hi;
         v.lo = hi + vbytes;
-        v.step = BuildVnniQuery(fk, qp, D, L, hi, hi + vbytes) / static_cast<float>(1 << fk.bits);
+        const float sq = BuildVnniQuery(fk, qp, D, L, hi, hi + vbytes);
+        v.step = sq / static_cast<float>(1 << fk.bits);
+        qstep[static_cast<std::size_t>(qi)] = sq;
+        for (std::int64_t l = 0; l < L; ++l) {
+          const std::int64_t grp = l % fk.G;
+          float sum = 0.0f;
+          for (std::int64_t j = grp * g; j < (grp + 1) * g; ++j) sum += qp[j];
+          qg[qi * L + l] = sum;
+        }
       }
     }
     out.m[qi] = -INFINITY;
@@ -878,7 +1006,13 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
       }
     }
     // Scores of every query row: S[qi][0..n).
-    if (use_k) {
+    if (use_k && vkeys) {
+      const std::uint8_t* codes = FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get(), false);
+      for (std::int64_t qi = 0; qi < nq; ++qi) {
+        VnniKeyScores(fk, codes, n, klo.get(), ksc.get(), vq[static_cast<std::size_t>(qi)], qstep[static_cast<std::size_t>(qi)],
+                      qg.get() + qi * L, S.get() + qi * sstride);
+      }
+    } else if (use_k) {
       const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get()), n * fk.R, L);
       const FusedBlock blk{wb, n, klo.get(), ksc.get()};
       for (std::int64_t qi = 0; qi < nq; ++qi) {
@@ -899,18 +1033,22 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
       float* s = S.get() + qi * sstride;
       std::fill(s + n, s + n + L, 0.0f);
       if (vis <= 0) continue;
-      float m_blk = -INFINITY;
-      for (std::int64_t tt = 0; tt < vis; ++tt) m_blk = std::max(m_blk, s[tt]);
+      VF vmax = hn::Set(d, -INFINITY);
+      std::int64_t tm = 0;
+      for (; tm + L <= vis; tm += L) vmax = hn::Max(vmax, hn::LoadU(d, s + tm));
+      if (tm < vis) vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(vis - tm)), hn::LoadU(d, s + tm), vmax));
+      const float m_blk = hn::GetLane(hn::MaxOfLanes(d, vmax));
       const float m_new = std::max(out.m[qi], m_blk);
       const float corr = std::exp(out.m[qi] - m_new);
       const VF vm = hn::Set(d, m_new);
-      float sum = 0.0f;
+      VF vsum = hn::Zero(d);
       std::int64_t tt = 0;
       for (; tt + L <= vis; tt += L) {
         const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + tt), vm));
         hn::StoreU(e, d, s + tt);
-        sum += hn::GetLane(hn::SumOfLanes(d, e));
+        vsum = hn::Add(vsum, e);
       }
+      float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
       for (; tt < vis; ++tt) {
         s[tt] = std::exp(s[tt] - m_new);
         sum += s[tt];
