@@ -302,7 +302,7 @@ struct Partial {  // per task and query row
 // ---------------------------------------------------------------------------
 
 // Tokens per block of the fused path.
-constexpr std::int64_t kFused = 64;
+constexpr std::int64_t kFused = 128;
 
 using DU = hn::RebindToUnsigned<DF>;
 using VU = hn::Vec<DU>;
@@ -509,6 +509,19 @@ HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64
 // and the groups of a row are summed. The metadata arrays are as stored,
 // [row][group], so lanes meet them without any rearranging.
 // ---------------------------------------------------------------------------
+// Lanes [e, e + 16) of a metadata array (fp16 as stored, or float), lanes
+// from `valid` on zero and not read.
+template <bool kHalf>
+HWY_INLINE __m512 MetaLoad(const void* p, std::int64_t e, std::int64_t valid) {
+  const __mmask16 k = valid >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                  : static_cast<__mmask16>((1u << static_cast<unsigned>(std::max<std::int64_t>(valid, 0))) - 1u);
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, static_cast<const std::uint16_t*>(p) + e));
+  } else {
+    return _mm512_maskz_loadu_ps(k, static_cast<const float*>(p) + e);
+  }
+}
+
 HWY_INLINE __m512i PairSumEpi32(__m512i a, __m512i b) {
   const __m512i ev = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
   const __m512i od = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -521,11 +534,10 @@ HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
 }
 
 // BITS: code width; R: words a row (1..16, a power of two); LPG: words a group.
-// lo, sc: [row][group] metadata as float (readable up to 16 rows past the
-// last batch start); qg[l]: the sum of q over group l % G's channels; s: the
+// lo, sc: [row][group] metadata, fp16 as stored (kHalf) or float; qg[l]: the sum of q over group l % G's channels; s: the
 // query's rounding step (q ~ s qi).
-template <int BITS, int R, int LPG>
-void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const float* lo, const float* sc, const VnniQuery& vq,
+template <int BITS, int R, int LPG, bool kHalf>
+void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
                     float s, const float* qg, float* scores) {
   constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
@@ -561,8 +573,9 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const float* lo, 
     __m512 z[kV / LPG];
     for (int i = 0; i < cnt; ++i) {
       const std::int64_t e = t0 * kG + 16 * i;
-      z[i] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(sc + e), vs), _mm512_cvtepi32_ps(y[i]),
-                             _mm512_mul_ps(_mm512_loadu_ps(lo + e), vqg));
+      const std::int64_t valid = n * kG - e;
+      z[i] = _mm512_fmadd_ps(_mm512_mul_ps(MetaLoad<kHalf>(sc, e, valid), vs), _mm512_cvtepi32_ps(y[i]),
+                             _mm512_mul_ps(MetaLoad<kHalf>(lo, e, valid), vqg));
     }
     for (int g = kG; g > 1; g /= 2, cnt /= 2)
       for (int j = 0; j < cnt / 2; ++j) z[j] = PairSumPs(z[2 * j], z[2 * j + 1]);
@@ -576,17 +589,21 @@ bool VnniKeysOk(const FusedPlan& fk) {
   return kVnni && fk.ok && fk.R <= 16 && (fk.R & (fk.R - 1)) == 0 && fk.lpg >= 1 && fk.lpg <= fk.R;
 }
 
-void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const float* lo, const float* sc,
+void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
                    const VnniQuery& vq, float s, const float* qg, float* scores) {
 #if HWY_TARGET == HWY_AVX3_DL
-  // (bits, R, lpg) -> instantiation; lpg <= R, all powers of two
+  // (bits, R, lpg, half) -> instantiation; lpg <= R, all powers of two
+  auto go = [&]<int BITS, int R, int LPG>() {
+    if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores);
+    return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores);
+  };
   auto by_lpg = [&]<int BITS, int R>() {
     switch (fk.lpg) {
-      case 1: return VnniKeyScoresT<BITS, R, 1>(codes, n, lo, sc, vq, s, qg, scores);
-      case 2: if constexpr (R >= 2) return VnniKeyScoresT<BITS, R, 2>(codes, n, lo, sc, vq, s, qg, scores); break;
-      case 4: if constexpr (R >= 4) return VnniKeyScoresT<BITS, R, 4>(codes, n, lo, sc, vq, s, qg, scores); break;
-      case 8: if constexpr (R >= 8) return VnniKeyScoresT<BITS, R, 8>(codes, n, lo, sc, vq, s, qg, scores); break;
-      default: if constexpr (R >= 16) return VnniKeyScoresT<BITS, R, 16>(codes, n, lo, sc, vq, s, qg, scores); break;
+      case 1: return go.template operator()<BITS, R, 1>();
+      case 2: if constexpr (R >= 2) return go.template operator()<BITS, R, 2>(); break;
+      case 4: if constexpr (R >= 4) return go.template operator()<BITS, R, 4>(); break;
+      case 8: if constexpr (R >= 8) return go.template operator()<BITS, R, 8>(); break;
+      default: if constexpr (R >= 16) return go.template operator()<BITS, R, 16>(); break;
     }
   };
   auto by_r = [&]<int BITS>() {
@@ -605,7 +622,7 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
     default: return by_r.template operator()<8>();
   }
 #else
-  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)vq, (void)s, (void)qg, (void)scores;
+  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores;
 #endif
 }
 
@@ -757,9 +774,9 @@ VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
-template <int BITS, int J>  // J: row bytes / 16 (compile-time: the accumulators stay in registers)
+template <int BITS, int J, bool kHalf>  // J: row bytes / 16 (compile-time: the accumulators stay in registers)
 void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
-                 const float* lo, const float* sc, float* accv, float* lov) {
+                 const void* lo, const void* sc, float* accv, float* lov) {
   constexpr int kPerByte = 8 / BITS;
   constexpr std::int64_t RB = 16 * J;
   const std::int64_t G = fp.G;
@@ -772,15 +789,11 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const std::int64_t end = (entries + 15) / 16 * 16;
   VF vmax = hn::Zero(d);
   for (std::int64_t e = 0; e < end; e += 16) {
-    const VF x = hn::Mul(per_row(w, e / 16), hn::LoadU(d, sc + e));
+    const VF x = hn::Mul(per_row(w, e / 16), VF{MetaLoad<kHalf>(sc, e, n * G - e)});
     hn::Store(x, d, u + e);
     vmax = hn::Max(vmax, x);
   }
-  if (n * G < end) {  // rows past n (their w and scale may be stale)
-    std::fill(u + n * G, u + end, 0.0f);
-    vmax = hn::Zero(d);
-    for (std::int64_t e = 0; e < end; e += 16) vmax = hn::Max(vmax, hn::Load(d, u + e));
-  }
+  // (rows past n: scale read as 0)
   const float umax = hn::GetLane(hn::MaxOfLanes(d, vmax));
   if (!(umax > 0.0f)) return;
   const float sw = umax / 32512.0f;
@@ -838,7 +851,7 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
     }
     for (int m = 0; m < kPerByte; ++m) {
       float* slot = accv + (j * kPerByte + m) * 16;
-      const VF down = hn::Set(d, std::ldexp(1.0f, -m * BITS));
+      const VF down = hn::Set(d, 1.0f / static_cast<float>(1u << (m * BITS)));
       const VF fh{_mm512_cvtepi32_ps(ah[m])}, fl{_mm512_cvtepi32_ps(al[m])};
       hn::Store(hn::MulAdd(hn::Mul(fh, down), s_hi, hn::MulAdd(hn::Mul(fl, down), s_lo, hn::Load(d, slot))), d, slot);
     }
@@ -846,27 +859,31 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   // sum_t p_t lo_t per group, as in FusedValues
   const Expander per_group(G, 16);
   VF l = hn::Load(d, lov);
-  for (std::int64_t e = 0; e < n * G; e += 16) l = hn::MulAdd(per_group(w, e / 16), hn::LoadU(d, lo + e), l);
+  for (std::int64_t e = 0; e < n * G; e += 16) l = hn::MulAdd(per_group(w, e / 16), VF{MetaLoad<kHalf>(lo, e, n * G - e)}, l);
   hn::Store(l, d, lov);
 }
 #endif
 
 void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
-                const float* lo, const float* sc, float* accv, float* lov) {
+                const void* lo, const void* sc, bool half, float* accv, float* lov) {
 #if HWY_TARGET == HWY_AVX3_DL
-  auto by_j = [&](auto f1, auto f2, auto f4) {
-    if (vp.J == 1) f1(fp, vp, codes, n, w, lo, sc, accv, lov);
-    else if (vp.J == 2) f2(fp, vp, codes, n, w, lo, sc, accv, lov);
-    else f4(fp, vp, codes, n, w, lo, sc, accv, lov);
+  auto go = [&]<int BITS, int J>() {
+    if (half) return VnniValuesT<BITS, J, true>(fp, vp, codes, n, w, lo, sc, accv, lov);
+    return VnniValuesT<BITS, J, false>(fp, vp, codes, n, w, lo, sc, accv, lov);
+  };
+  auto by_j = [&]<int BITS>() {
+    if (vp.J == 1) return go.template operator()<BITS, 1>();
+    if (vp.J == 2) return go.template operator()<BITS, 2>();
+    return go.template operator()<BITS, 4>();
   };
   switch (fp.bits) {
-    case 1: return by_j(VnniValuesT<1, 1>, VnniValuesT<1, 2>, VnniValuesT<1, 4>);
-    case 2: return by_j(VnniValuesT<2, 1>, VnniValuesT<2, 2>, VnniValuesT<2, 4>);
-    case 4: return by_j(VnniValuesT<4, 1>, VnniValuesT<4, 2>, VnniValuesT<4, 4>);
-    default: return by_j(VnniValuesT<8, 1>, VnniValuesT<8, 2>, VnniValuesT<8, 4>);
+    case 1: return by_j.template operator()<1>();
+    case 2: return by_j.template operator()<2>();
+    case 4: return by_j.template operator()<4>();
+    default: return by_j.template operator()<8>();
   }
 #else
-  (void)fp, (void)vp, (void)codes, (void)n, (void)w, (void)lo, (void)sc, (void)accv, (void)lov;
+  (void)fp, (void)vp, (void)codes, (void)n, (void)w, (void)lo, (void)sc, (void)half, (void)accv, (void)lov;
 #endif
 }
 
@@ -887,7 +904,7 @@ void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int
 // The packed rows [t0, t0 + n) of one side: where their code words start, and
 // their (lot, sct) metadata.
 const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h,
-                              std::int64_t t0, std::int64_t n, float* lot, float* sct, bool affine = true) {
+                              std::int64_t t0, std::int64_t n, float* lot, float* sct) {
   const PackedRowsAt at(p, side, b, h, t0);
   const detail::SkvqState& st = at.st;
   const std::uint8_t* lo = at.lo;
@@ -897,10 +914,6 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
   const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d)), m = n * fp.G;
   const VF two_b = hn::Set(d, static_cast<float>(1 << fp.bits));
   std::int64_t e = 0;
-  if (!affine) {  // lo and scale as stored
-    LoadMeta(lo, sc, st.cfg.metadata, m, lot, sct);
-    return codes;
-  }
   if (st.cfg.metadata == MetaType::fp16) {  // one pass: convert and transform
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto* lh = reinterpret_cast<const hwy::float16_t*>(lo);
@@ -923,6 +936,24 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
     lot[e] -= sct[e];
   }
   return codes;
+}
+
+// The packed rows [t0, t0 + n) of one side for the integer paths: their code
+// words, and their metadata as stored when it is fp16 (read in place) or as
+// float in lo_f / sc_f otherwise.
+struct RawRows {
+  const std::uint8_t* codes;
+  const void* lo;
+  const void* sc;
+  bool half;
+};
+RawRows RawFusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h, std::int64_t t0,
+                     std::int64_t n, float* lo_f, float* sc_f) {
+  const PackedRowsAt at(p, side, b, h, t0);
+  const std::uint8_t* codes = at.codes + at.i0 * fp.R * 4;
+  if (at.st.cfg.metadata == MetaType::fp16) return {codes, at.lo, at.scale, true};
+  LoadMeta(at.lo, at.scale, at.st.cfg.metadata, n * fp.G, lo_f, sc_f);
+  return {codes, lo_f, sc_f, false};
 }
 
 void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int64_t t_begin, std::int64_t t_end,
@@ -990,27 +1021,30 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
     std::fill(out.acc_o + qi * Dvp, out.acc_o + (qi + 1) * Dvp, 0.0f);
     std::fill(out.acc_p + qi * Dvp, out.acc_p + (qi + 1) * Dvp, 0.0f);
   }
-  std::int64_t pf = t_begin;  // packed rows before pf have been prefetched
+  // Packed rows of each side before pf[side] have been asked for ahead of
+  // their use, up to kAhead tokens past the block: keys before the scores,
+  // values before the value sums, so the requests spread over the block.
+  std::int64_t pf[2] = {t_begin, t_begin};
   constexpr std::int64_t kAhead = 256;  // tokens: a few blocks, a few KiB per side
+  auto prefetch = [&](int side, const FusedPlan& fp, std::int64_t t, std::int64_t n) {
+    const std::int64_t until = std::min({t + n + kAhead, t_end, p.st->q_end});
+    for (pf[side] = std::max(pf[side], t); pf[side] < until;) {
+      const std::int64_t m = std::min(SegmentEnd(p, pf[side]), until) - pf[side];
+      PrefetchRows(p, side, fp, b, h, pf[side], m);
+      pf[side] += m;
+    }
+  };
   for (std::int64_t t = t_begin; t < t_end;) {
     const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
     const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
     const std::int64_t n = std::min({use_k || use_v ? kFused : kBlock, SegmentEnd(p, t) - t, t_end - t});
-    if (use_k || use_v) {  // ask for the packed rows up to kAhead tokens past this block
-      const std::int64_t until = std::min({t + n + kAhead, t_end, p.st->q_end});
-      for (pf = std::max(pf, t); pf < until;) {
-        const std::int64_t m = std::min(SegmentEnd(p, pf), until) - pf;
-        if (fk.ok) PrefetchRows(p, 0, fk, b, h, pf, m);
-        if (fv.ok) PrefetchRows(p, 1, fv, b, h, pf, m);
-        pf += m;
-      }
-    }
+    if (use_k) prefetch(0, fk, t, n);
     // Scores of every query row: S[qi][0..n).
     if (use_k && vkeys) {
-      const std::uint8_t* codes = FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get(), false);
+      const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get());
       for (std::int64_t qi = 0; qi < nq; ++qi) {
-        VnniKeyScores(fk, codes, n, klo.get(), ksc.get(), vq[static_cast<std::size_t>(qi)], qstep[static_cast<std::size_t>(qi)],
-                      qg.get() + qi * L, S.get() + qi * sstride);
+        VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, vq[static_cast<std::size_t>(qi)],
+                      qstep[static_cast<std::size_t>(qi)], qg.get() + qi * L, S.get() + qi * sstride);
       }
     } else if (use_k) {
       const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get()), n * fk.R, L);
@@ -1073,11 +1107,12 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
       out.m[qi] = m_new;
     }
     // Values.
+    if (use_v) prefetch(1, fv, t, n);
     if (use_v && vv.ok) {
-      const std::uint8_t* codes = FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get(), false);
+      const RawRows vr = RawFusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get());
       for (std::int64_t qi = 0; qi < nq; ++qi) {
         if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
-        VnniValues(fv, vv, codes, n, S.get() + qi * sstride, vlo.get(), vsc.get(), accv.get() + qi * vv.slots(),
+        VnniValues(fv, vv, vr.codes, n, S.get() + qi * sstride, vr.lo, vr.sc, vr.half, accv.get() + qi * vv.slots(),
                    lov.get() + qi * fv.Lp);
       }
     } else if (use_v) {
