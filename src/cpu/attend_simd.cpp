@@ -497,6 +497,27 @@ HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64
 }
 #endif
 
+// Cache lines asked for ahead of use, issued a few at a time from inside the
+// kernels so that the requests spread over the computation instead of
+// arriving in a burst the core's miss buffers cannot hold.
+class LineQueue {
+ public:
+  void push(const void* p) {
+    if (size_ == kCap) issue(1);
+    lines_[(head_ + size_) % kCap] = static_cast<const char*>(p);
+    ++size_;
+  }
+  HWY_INLINE void issue(int k) {
+    for (; k > 0 && size_ > 0; --k, --size_, head_ = (head_ + 1) % kCap) __builtin_prefetch(lines_[head_], 0, 3);
+  }
+  void drain() { issue(kCap); }
+
+ private:
+  static constexpr int kCap = 1024;
+  const char* lines_[kCap];
+  int head_ = 0, size_ = 0;
+};
+
 #if HWY_TARGET == HWY_AVX3_DL
 // ---------------------------------------------------------------------------
 // Keys through VNNI for rows of at most one vector (16, 32 or 64 bytes of
@@ -538,7 +559,7 @@ HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
 // query's rounding step (q ~ s qi).
 template <int BITS, int R, int LPG, bool kHalf>
 void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
-                    float s, const float* qg, float* scores) {
+                    float s, const float* qg, float* scores, LineQueue& lq) {
   constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
   __m512i qh[kPerByte], ql[kPerByte];
@@ -555,6 +576,7 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, c
       std::memcpy(pad, src, static_cast<std::size_t>((n - t0) * kRB));
       src = pad;
     }
+    lq.issue(12);
     __m512i y[kV];
     for (int v = 0; v < kV; ++v) {
       const __m512i w = _mm512_loadu_si512(src + 64 * v);
@@ -590,12 +612,12 @@ bool VnniKeysOk(const FusedPlan& fk) {
 }
 
 void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
-                   const VnniQuery& vq, float s, const float* qg, float* scores) {
+                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq) {
 #if HWY_TARGET == HWY_AVX3_DL
   // (bits, R, lpg, half) -> instantiation; lpg <= R, all powers of two
   auto go = [&]<int BITS, int R, int LPG>() {
-    if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores);
-    return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores);
+    if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
   };
   auto by_lpg = [&]<int BITS, int R>() {
     switch (fk.lpg) {
@@ -622,7 +644,7 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
     default: return by_r.template operator()<8>();
   }
 #else
-  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores;
+  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores, (void)lq;
 #endif
 }
 
@@ -776,7 +798,7 @@ VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
 #if HWY_TARGET == HWY_AVX3_DL
 template <int BITS, int J, bool kHalf>  // J: row bytes / 16 (compile-time: the accumulators stay in registers)
 void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
-                 const void* lo, const void* sc, float* accv, float* lov) {
+                 const void* lo, const void* sc, float* accv, float* lov, LineQueue& lq) {
   constexpr int kPerByte = 8 / BITS;
   constexpr std::int64_t RB = 16 * J;
   const std::int64_t G = fp.G;
@@ -828,6 +850,7 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
     __m512i ah[kPerByte], al[kPerByte];
     for (int m = 0; m < kPerByte; ++m) ah[m] = al[m] = _mm512_setzero_si512();
     for (std::int64_t k = 0; k < nq4; ++k) {
+      lq.issue(2);
       const std::uint8_t* src = k < full ? codes + k * 4 * RB : pad;
       const __m512i x0 = _mm512_loadu_si512(src);
       __m512i y;
@@ -865,11 +888,11 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
 #endif
 
 void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
-                const void* lo, const void* sc, bool half, float* accv, float* lov) {
+                const void* lo, const void* sc, bool half, float* accv, float* lov, LineQueue& lq) {
 #if HWY_TARGET == HWY_AVX3_DL
   auto go = [&]<int BITS, int J>() {
-    if (half) return VnniValuesT<BITS, J, true>(fp, vp, codes, n, w, lo, sc, accv, lov);
-    return VnniValuesT<BITS, J, false>(fp, vp, codes, n, w, lo, sc, accv, lov);
+    if (half) return VnniValuesT<BITS, J, true>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
+    return VnniValuesT<BITS, J, false>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
   };
   auto by_j = [&]<int BITS>() {
     if (vp.J == 1) return go.template operator()<BITS, 1>();
@@ -883,7 +906,7 @@ void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t
     default: return by_j.template operator()<8>();
   }
 #else
-  (void)fp, (void)vp, (void)codes, (void)n, (void)w, (void)lo, (void)sc, (void)half, (void)accv, (void)lov;
+  (void)fp, (void)vp, (void)codes, (void)n, (void)w, (void)lo, (void)sc, (void)half, (void)accv, (void)lov, (void)lq;
 #endif
 }
 
@@ -891,13 +914,13 @@ void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t
 // ahead of their use: every chunk is a separate allocation, so the hardware
 // prefetchers would restart at each window boundary.
 void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h, std::int64_t t0,
-                  std::int64_t n) {
+                  std::int64_t n, LineQueue& lq) {
   const PackedRowsAt at(p, side, b, h, t0);
   const std::uint8_t* codes = at.codes + at.i0 * fp.R * 4;
-  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) __builtin_prefetch(codes + o, 0, 3);
+  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) lq.push(codes + o);
   for (std::int64_t o = 0; o < n * at.mrow; o += 64) {
-    __builtin_prefetch(at.lo + o, 0, 3);
-    __builtin_prefetch(at.scale + o, 0, 3);
+    lq.push(at.lo + o);
+    lq.push(at.scale + o);
   }
 }
 
@@ -1026,11 +1049,12 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
   // values before the value sums, so the requests spread over the block.
   std::int64_t pf[2] = {t_begin, t_begin};
   constexpr std::int64_t kAhead = 256;  // tokens: a few blocks, a few KiB per side
+  LineQueue lq;
   auto prefetch = [&](int side, const FusedPlan& fp, std::int64_t t, std::int64_t n) {
     const std::int64_t until = std::min({t + n + kAhead, t_end, p.st->q_end});
     for (pf[side] = std::max(pf[side], t); pf[side] < until;) {
       const std::int64_t m = std::min(SegmentEnd(p, pf[side]), until) - pf[side];
-      PrefetchRows(p, side, fp, b, h, pf[side], m);
+      PrefetchRows(p, side, fp, b, h, pf[side], m, lq);
       pf[side] += m;
     }
   };
@@ -1044,7 +1068,7 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
       const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get());
       for (std::int64_t qi = 0; qi < nq; ++qi) {
         VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, vq[static_cast<std::size_t>(qi)],
-                      qstep[static_cast<std::size_t>(qi)], qg.get() + qi * L, S.get() + qi * sstride);
+                      qstep[static_cast<std::size_t>(qi)], qg.get() + qi * L, S.get() + qi * sstride, lq);
       }
     } else if (use_k) {
       const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get()), n * fk.R, L);
@@ -1113,7 +1137,7 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
       for (std::int64_t qi = 0; qi < nq; ++qi) {
         if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
         VnniValues(fv, vv, vr.codes, n, S.get() + qi * sstride, vr.lo, vr.sc, vr.half, accv.get() + qi * vv.slots(),
-                   lov.get() + qi * fv.Lp);
+                   lov.get() + qi * fv.Lp, lq);
       }
     } else if (use_v) {
       const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get()), n * fv.R, L);
@@ -1136,6 +1160,7 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
         }
       }
     }
+    lq.drain();  // whatever the kernels did not issue
     t += n;
   }
   // Fold the fused value sums into the permuted accumulator.
