@@ -502,20 +502,35 @@ HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64
 // arriving in a burst the core's miss buffers cannot hold.
 class LineQueue {
  public:
-  void push(const void* p) {
-    if (size_ == kCap) issue(1);
-    lines_[(head_ + size_) % kCap] = static_cast<const char*>(p);
-    ++size_;
+  // The lines of [p, p + bytes).
+  void push(const void* p, std::int64_t bytes) {
+    const char* c = static_cast<const char*>(p);
+    if (n_ == kCap) {  // full: ask now
+      for (std::int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+      return;
+    }
+    r_[n_++] = {c, c + bytes};
   }
   HWY_INLINE void issue(int k) {
-    for (; k > 0 && size_ > 0; --k, --size_, head_ = (head_ + 1) % kCap) __builtin_prefetch(lines_[head_], 0, 3);
+    for (; k > 0 && i_ < n_; --k) {
+      __builtin_prefetch(r_[i_].p, 0, 3);
+      r_[i_].p += 64;
+      if (r_[i_].p >= r_[i_].end) ++i_;
+    }
   }
-  void drain() { issue(kCap); }
+  void drain() {
+    issue(1 << 30);
+    n_ = i_ = 0;
+  }
 
  private:
-  static constexpr int kCap = 1024;
-  const char* lines_[kCap];
-  int head_ = 0, size_ = 0;
+  static constexpr int kCap = 64;
+  struct Range {
+    const char* p;
+    const char* end;
+  };
+  Range r_[kCap];
+  int n_ = 0, i_ = 0;
 };
 
 #if HWY_TARGET == HWY_AVX3_DL
@@ -821,22 +836,36 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const float sw = umax / 32512.0f;
   const VF vinv = hn::Set(d, 1.0f / sw);  // u / sw to within an ulp: |q| <= 32512 still (it rounds to nearest)
   const hn::RebindToSigned<DF> di;
-  for (std::int64_t e = 0; e < end; e += 16) {
+  const auto round16 = [&](std::int64_t e, hn::Vec<decltype(di)>* h, hn::Vec<decltype(di)>* l) HWY_ATTR {
     const auto q = hn::NearestInt(hn::Mul(hn::Load(d, u + e), vinv));
-    const auto h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
-    hn::Store(h, di, qh + e);
-    hn::Store(hn::Sub(q, hn::ShiftLeft<8>(h)), di, ql + e);
-  }
+    *h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
+    *l = hn::Sub(q, hn::ShiftLeft<8>(*h));
+  };
   // Per quad: 16 bytes, dword g = the 4 rows' int8 weights of group g.
   const std::int64_t nq4 = n4 / 4;
   alignas(64) std::int8_t wqh[kFused / 4][16], wql[kFused / 4][16];
   const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(vp.tr));
-  const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
-  for (std::int64_t k = 0; k < nq4; ++k) {
-    _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]),
-                    _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + 4 * k * G)), trv));
-    _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]),
-                    _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + 4 * k * G)), trv));
+  if (G == 4) {  // a quad is one vector of entries
+    for (std::int64_t k = 0; k < nq4; ++k) {
+      hn::Vec<decltype(di)> h, l;
+      round16(16 * k, &h, &l);
+      _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(h.raw), trv));
+      _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(l.raw), trv));
+    }
+  } else {
+    for (std::int64_t e = 0; e < end; e += 16) {
+      hn::Vec<decltype(di)> h, l;
+      round16(e, &h, &l);
+      hn::Store(h, di, qh + e);
+      hn::Store(l, di, ql + e);
+    }
+    const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
+    for (std::int64_t k = 0; k < nq4; ++k) {
+      _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]),
+                      _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + 4 * k * G)), trv));
+      _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]),
+                      _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + 4 * k * G)), trv));
+    }
   }
   // The last, partial quad from a zero-padded copy (its weights are zero too).
   alignas(64) std::uint8_t pad[256] = {};
@@ -917,11 +946,9 @@ void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int
                   std::int64_t n, LineQueue& lq) {
   const PackedRowsAt at(p, side, b, h, t0);
   const std::uint8_t* codes = at.codes + at.i0 * fp.R * 4;
-  for (std::int64_t o = 0; o < n * fp.R * 4; o += 64) lq.push(codes + o);
-  for (std::int64_t o = 0; o < n * at.mrow; o += 64) {
-    lq.push(at.lo + o);
-    lq.push(at.scale + o);
-  }
+  lq.push(codes, n * fp.R * 4);
+  lq.push(at.lo, n * at.mrow);
+  lq.push(at.scale, n * at.mrow);
 }
 
 // The packed rows [t0, t0 + n) of one side: where their code words start, and
