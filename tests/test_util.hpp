@@ -118,8 +118,8 @@ inline RowScale row_scale(const TensorView& q, const TensorView& k, const Tensor
 //   ak = softmax scale * max_t sum_d |q_d| (|lo| + 3 * 2^b * |scale|)  (magnitude of the fused score terms)
 //   qk = softmax scale * max|q| / 65024 * max_t sum_d (2^b - 1) |scale|  (score error of the 16-bit q)
 //   av = max over rows and groups of |lo| + 3 * 2^b * |scale|          (magnitude of the fused value terms)
-//   vq = 64 (2^b - 1) max|scale| / 65024 of the values  (CPU AVX3_DL: value weights rounded to 16 bits per
-//        64-row block; bound on the output, relative to nothing: the weights sum to 1)
+//   vq = 128 (2^b - 1) max|scale| / 64000 of the values  (CPU AVX3_DL: value weights rounded to 16 bits per
+//        128-row block; bound on the output, relative to nothing: the weights sum to 1)
 struct PackedBound {
   double ak = 0, qk = 0, av = 0, vq = 0;
 };
@@ -154,7 +154,7 @@ inline PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, flo
             qk += (two_b - 1) * sc;
           } else {
             pb.av = std::max(pb.av, lo + 3.0 * two_b * sc);
-            pb.vq = std::max(pb.vq, 64.0 * static_cast<double>(two_b - 1) * sc / 65024.0);
+            pb.vq = std::max(pb.vq, 128.0 * static_cast<double>(two_b - 1) * sc / 64000.0);
           }
         }
         pb.ak = std::max(pb.ak, ak);

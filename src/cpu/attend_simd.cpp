@@ -770,14 +770,16 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
 // 4 groups a row): per block, the weights u = p * scale of every (row, group)
 // are rounded to 16 bits against the block's largest, u ~ sw * (256 hi + lo)
 // (hi, lo int8), and the rows are taken 4 at a time: `vpermi2b` puts byte
-// `pos` of the 4 rows side by side in one 32-bit lane, a shift and a mask
-// leave one code per byte, and `vpdpbusd` adds the 4 rows' codes times their
-// weights. Integer sums live for one block (at most 16 * 4 * 255 * 127 per
-// lane), then go to float slots [J][8 / bits][16] (J = row bytes / 16; lane l
-// of slot (j, m) is code m of byte 16 j + l of a row).
-// Error: |u - sw q| <= sw / 2 = umax / 65024 per (row, group), so a block
-// moves sum(p x) by at most n * umax * (2^b - 1) / 65024 <= 64 (2^b - 1)
-// max(scale) / 65024 of the sum of weights (docs/numerics.md).
+// `pos` of the 4 rows side by side in one 32-bit lane, a mask leaves code m of
+// every byte in place (c * 2^(m bits) <= 255), and `vpdpbusd` adds the 4 rows'
+// codes times their weights. Integer sums live for one block (at most
+// 32 * 4 * 255 * 128 per lane), then go, scaled back by 2^-(m bits), to float
+// slots [J][8 / bits][16] (J = row bytes / 16; lane l of slot (j, m) is code m
+// of byte 16 j + l of a row).
+// Error: |u - sw q| <= umax / 64000 per (row, group) (rounding to nearest of
+// u times a reciprocal within an ulp), so a block moves sum(p x) by at most
+// n * umax * (2^b - 1) / 64000 <= 128 (2^b - 1) max(scale) / 64000 of the sum
+// of weights (docs/numerics.md).
 // ---------------------------------------------------------------------------
 struct VnniValuePlan {
   bool ok = false;
