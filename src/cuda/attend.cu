@@ -1577,12 +1577,30 @@ void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   }
 }
 
+// Max or sum over the 128 threads of a combine block (4 warps): shuffles,
+// then the 4 warps' results through shared memory.
+template <bool MAX>
+__device__ __forceinline__ float combine_reduce(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? fmaxf(v, w) : v + w;
+  }
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = MAX ? fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3])) : (red[0] + red[1]) + (red[2] + red[3]);
+  __syncthreads();
+  return v;
+}
+
 // One block per query row: the splits' maxima and weights in shared memory
 // first (any number of splits), then each thread sums one channel over the
-// splits with independent loads.
+// splits, 16 independent (predicated) loads in flight at a time (with 4 at
+// a time, 66 splits took ~11 us: one memory latency per 4).
 __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
   extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
-  __shared__ float red[kD];
+  __shared__ float red[kD / 32];
+  static_assert(kD == 128, "4 warps a block");
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
   const int j = threadIdx.x;
@@ -1590,39 +1608,30 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
   const float* ls = p.ws_l + qrow * p.splits;
   float M = -INFINITY;
   for (int s = j; s < p.splits; s += kD) M = fmaxf(M, ms[s]);
-  red[j] = M;
-  __syncthreads();
-  for (int w = kD / 2; w > 0; w /= 2) {
-    if (j < w) red[j] = fmaxf(red[j], red[j + w]);
-    __syncthreads();
-  }
-  M = red[0];
-  __syncthreads();
+  M = combine_reduce<true>(M, red);
   float L = 0.0f;
   for (int s = j; s < p.splits; s += kD) {
     const float w = ms[s] == -INFINITY ? 0.0f : fast_exp2(ms[s] - M);
     sw[s] = w;
     L += ls[s] * w;
   }
-  red[j] = L;
-  __syncthreads();
-  for (int w = kD / 2; w > 0; w /= 2) {
-    if (j < w) red[j] += red[j + w];
-    __syncthreads();
-  }
-  L = red[0];
+  L = combine_reduce<false>(L, red);  // (its barrier also publishes sw)
   const float* acc = p.ws_acc + qrow * p.splits * kD + j;
-  float A0 = 0.0f, A1 = 0.0f, A2 = 0.0f, A3 = 0.0f;
-  int s = 0;
-  for (; s + 4 <= p.splits; s += 4) {
-    A0 = fmaf(acc[s * kD], sw[s], A0);
-    A1 = fmaf(acc[(s + 1) * kD], sw[s + 1], A1);
-    A2 = fmaf(acc[(s + 2) * kD], sw[s + 2], A2);
-    A3 = fmaf(acc[(s + 3) * kD], sw[s + 3], A3);
+  constexpr int kU = 16;
+  float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = 0; s < p.splits; s += kU) {
+    float x[kU], w[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const bool in = s + u < p.splits;
+      x[u] = in ? acc[(s + u) * kD] : 0.0f;
+      w[u] = in ? sw[s + u] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], w[u], A[u % 4]);
   }
-  for (; s < p.splits; ++s) A0 = fmaf(acc[s * kD], sw[s], A0);
   const int dst = vperm_all ? vperm_all[h * kD + j] : j;
-  out[qrow * kD + dst] = ((A0 + A1) + (A2 + A3)) / L;
+  out[qrow * kD + dst] = ((A[0] + A[1]) + (A[2] + A[3])) / L;
 }
 
 // Which pipelined kernel takes the packed body. The integer tensor-core
