@@ -6,8 +6,10 @@
 // group (grouped-query attention) with an online softmax. Packed blocks of
 // the common layouts (1, 2, 4 or 8 bits, whole 32-bit words a row) take the
 // fused path below: scores and value sums straight from the code words (VNNI
-// integer dot products on AVX3_DL, codes as float mantissas elsewhere); other
-// blocks are decoded to float32 rows first. Packed rows stay in the permuted
+// integer dot products on AVX3_DL: VnniKeyScoresT and VnniValuesT, metadata
+// applied per (row, group) as stored; codes as float mantissas elsewhere);
+// other blocks are decoded to float32 rows first. Packed rows ahead are asked
+// for through a LineQueue that the kernels drain a few lines at a time. Packed rows stay in the permuted
 // channel order: scores use the permuted query, values accumulate into a
 // permuted accumulator that is inverse-permuted once at the end. Partial
 // (max, sum, acc) of the splits are combined in float32.
