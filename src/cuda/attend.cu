@@ -366,6 +366,37 @@ struct GroupState {
   }
 };
 
+// One online-softmax step of a query row in the tensor-core kernels: this
+// lane holds NT x 2 of the row's scores and the row's other lanes are those
+// reached by the XOR shuffles. Weights into pw, the row's max m and sum l
+// updated; returns the factor (1 when none) by which the caller must scale
+// the row's accumulators.
+template <int NT, int... XOR>
+__device__ __forceinline__ float softmax_step(const float (&s)[NT][2], float& m, float& l, float (&pw)[NT][2]) {
+  float mt = s[0][0];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) mt = fmaxf(mt, fmaxf(s[nt][0], s[nt][1]));
+  ((mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, XOR))), ...);
+  const float mnew = fmaxf(m, mt);
+  if (mnew == -INFINITY) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) pw[nt][0] = pw[nt][1] = 0.0f;
+    return 1.0f;
+  }
+  const float corr = fast_exp2(m - mnew);
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      pw[nt][i] = fast_exp2(s[nt][i] - mnew);
+      sum += pw[nt][i];
+    }
+  l = l * corr + sum;
+  m = mnew;
+  return corr;
+}
+
 __device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a group
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   v += __shfl_xor_sync(0xffffffffu, v, 2);
@@ -877,36 +908,15 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
     }
 
     // online softmax over the 32 tokens (row max across the row's 4 lanes)
-    float mt = s[0][0];
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) mt = fmaxf(mt, fmaxf(s[nt][0], s[nt][1]));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
-    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
-    const float mnew = fmaxf(m, mt);
     float pw[4][2];
-    if (mnew == -INFINITY) {
+    const float corr = softmax_step<4, 1, 2>(s, m, l, pw);
+    if (corr != 1.0f) {
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) pw[nt][0] = pw[nt][1] = 0.0f;
-    } else {
-      const float corr = fast_exp2(m - mnew);
-      float sum = 0.0f;
+      for (int vg = 0; vg < 4; ++vg) {
+        lacc[vg] *= corr;
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          pw[nt][i] = fast_exp2(s[nt][i] - mnew);
-          sum += pw[nt][i];
-        }
-      l = l * corr + sum;
-      if (corr != 1.0f) {
-#pragma unroll
-        for (int vg = 0; vg < 4; ++vg) {
-          lacc[vg] *= corr;
-#pragma unroll
-          for (int n = 0; n < 4; ++n) acc[vg][n][0] *= corr, acc[vg][n][1] *= corr;
-        }
+        for (int n = 0; n < 4; ++n) acc[vg][n][0] *= corr, acc[vg][n][1] *= corr;
       }
-      m = mnew;
     }
 
     // values, one 32-channel group (4 n-tiles) at a time
@@ -1164,34 +1174,15 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
     }
 
     // online softmax of row t over the 32 tokens (its 8 lanes: xor 4, 8, 16)
-    float mt_ = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
-    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 4));
-    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 8));
-    mt_ = fmaxf(mt_, __shfl_xor_sync(0xffffffffu, mt_, 16));
-    const float mnew = fmaxf(m, mt_);
     float pw[2][2];
-    if (mnew == -INFINITY) {
-      pw[0][0] = pw[0][1] = pw[1][0] = pw[1][1] = 0.0f;
-    } else {
-      const float corr = fast_exp2(m - mnew);
-      float sum = 0.0f;
+    const float corr = softmax_step<2, 4, 8, 16>(s, m, l, pw);
+    if (corr != 1.0f) {
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
+      for (int v = 0; v < 4; ++v) lacc[v] *= corr;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          pw[mt][i] = fast_exp2(s[mt][i] - mnew);
-          sum += pw[mt][i];
-        }
-      l = l * corr + sum;
-      if (corr != 1.0f) {
+      for (int s2 = 0; s2 < kSets; ++s2)
 #pragma unroll
-        for (int v = 0; v < 4; ++v) lacc[v] *= corr;
-#pragma unroll
-        for (int s2 = 0; s2 < kSets; ++s2)
-#pragma unroll
-          for (int q = 0; q < kPairs; ++q) acc[s2][q][0] *= corr, acc[s2][q][1] *= corr;
-      }
-      m = mnew;
+        for (int q = 0; q < kPairs; ++q) acc[s2][q][0] *= corr, acc[s2][q][1] *= corr;
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
