@@ -3,9 +3,14 @@
 // there is no GPU (CI); the CUDA code still compiles there.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
+#include "cuda/selfcheck.hpp"
 #include "ref/attention.hpp"
 #include "skvq/cuda.hpp"
 #include "test_util.hpp"
@@ -69,6 +74,46 @@ std::vector<Case> cases() {
   };
 }
 
+// The flush kernel's division-free quotient (two Newton corrections with FMA
+// residuals) against the host's IEEE division, bit for bit, where it matters
+// most: quotients within a few ulps of half-integers (the only place a code
+// could change), for fp16, e4m3 and arbitrary float32 scales, plus
+// differences of fp16 values as the kernel forms them.
+TEST(Cuda, FlushQuotientIsCorrectlyRounded) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(1.0f, 2.0f);
+  std::uniform_int_distribution<int> expo(-24, 10), code(-3, 300), nudge(-4, 4), kind(0, 3);
+  const auto fp16 = [](float x) { return f16_to_f32(f32_to_f16(x)); };
+  std::vector<float> num, scale;
+  while (num.size() < (std::size_t{1} << 22)) {
+    float s = std::ldexp(unit(rng), expo(rng));
+    const int kd = kind(rng);
+    if (kd == 0) s = fp16(s);                                                     // fp16 metadata
+    if (kd == 1) s = std::ldexp(std::round(std::ldexp(unit(rng), 3)), expo(rng) / 4 - 3);  // e4m3-like: 4 significant bits
+    float n;
+    if (kd == 3) {  // x - lo of fp16 values
+      n = fp16(std::ldexp(unit(rng), expo(rng) / 3)) - fp16(std::ldexp(unit(rng), expo(rng) / 3));
+    } else {
+      n = static_cast<float>((code(rng) + 0.5) * s);
+      for (int k = nudge(rng); k != 0; k += k > 0 ? -1 : 1) n = std::nextafter(n, k > 0 ? INFINITY : -INFINITY);
+    }
+    if (!(std::fabs(n / s) < 0x1p20f) || !std::isnormal(s)) continue;
+    num.push_back(n);
+    scale.push_back(s);
+  }
+  std::vector<float> got(num.size());
+  cuda::flush_quotients(num.data(), scale.data(), got.data(), static_cast<std::int64_t>(num.size()));
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < num.size(); ++i) {
+    const float want = num[i] / scale[i];
+    if (std::memcmp(&want, &got[i], sizeof(float)) != 0 && bad++ < 5) {
+      ADD_FAILURE() << num[i] << " / " << scale[i] << ": " << got[i] << " instead of " << want;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
 TEST(Cuda, FlushMatchesCpuBitForBit) {
   REQUIRE_GPU();
   std::uint32_t seed = 1;
@@ -85,6 +130,36 @@ TEST(Cuda, FlushMatchesCpuBitForBit) {
     }
     EXPECT_EQ(gpu.offset(), c.S);
     EXPECT_EQ(gpu.q_end(), cpu.q_end());
+  }
+}
+
+// Inputs on coarse grids (a few distinct values per group, constant groups,
+// two-valued groups): clip factors whose errors tie exactly or nearly, where
+// the GPU's cheap error sums must hand the choice to the exact ones.
+TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
+  REQUIRE_GPU();
+  const float steps[] = {0.5f, 0.25f, 1.0f / 3.0f, 2.0f, 0.0f};
+  std::uint32_t seed = 100;
+  for (int bits : {1, 2, 4, 8}) {
+    for (int group : {16, 32, 128}) {
+      for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+        const Config cfg = gpu_config(32, 2, group, bits, bits, meta);
+        Tensor k = randn({1, 2, 96, 128}, seed++, DType::f16, true), v = randn({1, 2, 96, 128}, seed++, DType::f16, true);
+        for (Tensor* t : {&k, &v})
+          for (std::int64_t h = 0; h < 2; ++h)
+            for (std::int64_t s = 0; s < 96; ++s)
+              for (std::int64_t d = 0; d < 128; ++d) {
+                const float step = steps[(h * 96 + s + d / 16) % 5];
+                const float x = t->view().at(0, h, s, d);
+                t->view().set(0, h, s, d, step == 0.0f ? 0.75f : std::round(x / step) * step + 0.0f);  // no -0
+              }
+        SkvqCache cpu(cfg);
+        cuda::DeviceCache gpu(cfg, 1, 2, 128, 96);
+        cpu.append(k.view(), v.view());
+        gpu.append(k.view(), v.view());
+        ASSERT_TRUE(gpu.to_host().same_state(cpu)) << "bits " << bits << " group " << group << " meta " << static_cast<int>(meta);
+      }
+    }
   }
 }
 

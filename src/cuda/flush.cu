@@ -1,9 +1,16 @@
 // GPU flush: chunk-0 permutations and the clipped min/max group quantizer,
 // giving the same codes and metadata as ref::quantize_rows. Every float
 // operation goes through an explicitly rounded intrinsic (__fadd_rn, ...),
-// which nvcc never contracts into FMAs.
+// which nvcc never contracts into FMAs; the spec's correctly rounded
+// quotient (x - lo) / scale is formed without a division (quotient_rn,
+// checked against the host's division in tests/test_cuda.cpp).
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/selfcheck.hpp"
 
 namespace skvq::cuda {
 
@@ -45,15 +52,44 @@ __device__ __forceinline__ void store_meta(unsigned char* p, int meta, float v) 
   else *p = e4m3_encode(v);
 }
 
-// clamp(rint((x - lo) / scale), 0, levels) with the correctly rounded
-// quotient: the product with the reciprocal is within 2 ulp of it, so its
-// rint can differ only next to a half-integer; there the exact division decides.
-__device__ __forceinline__ float code_of(float x, float lo, float scale, float inv_scale, float levels) {
-  const float num = __fsub_rn(x, lo);
-  float q = __fmul_rn(num, inv_scale);
-  const float frac = q - floorf(q);
-  if (fabsf(frac - 0.5f) <= 1e-6f * fabsf(q) + 1e-30f || !(fabsf(q) < 8388608.0f)) q = __fdiv_rn(num, scale);
-  return fminf(fmaxf(rintf(q), 0.0f), levels);
+// RN(num / scale) without a division, given inv = RN(1 / scale): q0 =
+// RN(num * inv) is within 1.5 ulp of the quotient; one Newton correction
+// with an FMA residual makes it faithful (within 1 ulp); then the residual
+// num - q1 * scale is exact and RN(q1 + r * inv) is the correctly rounded
+// quotient (Markstein's theorem; no underflow or overflow can occur for
+// |q| < 2^20 with the magnitudes a group's x, lo and scale take). Every
+// operation is explicitly rounded, so nvcc contracts nothing else into FMAs.
+// Outside |q| < 2^20 (and for NaN, infinity) `ok` clears and the caller takes
+// the exact division.
+__device__ __forceinline__ float quotient_rn(float num, float scale, float inv) {
+  const float q0 = __fmul_rn(num, inv);
+  const float q1 = __fmaf_rn(__fmaf_rn(-q0, scale, num), inv, q0);
+  return __fmaf_rn(__fmaf_rn(-q1, scale, num), inv, q1);
+}
+
+// x + kRound rounds x (|x| < 2^22) to an integer, ties to even, held in the
+// low mantissa bits of the sum; subtracting kRound again gives rint(x).
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+
+// clamp(rint(RN((x - lo) / scale)), 0, levels) + kRound: the code in the low
+// bits. rint and clamp commute (the bounds are integers), so the clamp comes
+// first and keeps the sum exact. `ok` clears where the division-free quotient
+// is out of its range (only non-finite input does that); callers then redo
+// the group with code_by_division.
+__device__ __forceinline__ float code_plus_round(float x, float lo, float scale, float inv, float levels, bool& ok) {
+  const float q = quotient_rn(__fsub_rn(x, lo), scale, inv);
+  ok &= fabsf(q) < 0x1p20f;
+  return __fadd_rn(fminf(fmaxf(q, 0.0f), levels), kRound);
+}
+
+__device__ __forceinline__ float code_by_division(float x, float lo, float scale, float levels) {
+  return fminf(fmaxf(rintf(__fdiv_rn(__fsub_rn(x, lo), scale)), 0.0f), levels);
+}
+
+// (code * scale + lo - x)^2 for one slot, each operation rounded.
+__device__ __forceinline__ float sq_error(float code, float x, float lo, float scale) {
+  const float d = __fsub_rn(__fadd_rn(__fmul_rn(code, scale), lo), x);
+  return __fmul_rn(d, d);
 }
 
 __global__ void perm_kernel(const FlushParams f, DevSide s) {
@@ -82,150 +118,304 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
   }
 }
 
-// Block: one (chunk, b*H + h, block of rows); thread: one (row, group). The
-// block stages its rows in shared memory already permuted and padded, as
-// float, with an odd row stride so that the threads' reads fall in distinct banks.
-// One thread per (row, group). Rows are staged in shared memory as T: fp16
-// (the input dtype, exact) where shared memory limits the blocks per SM
-// (long groups), float elsewhere (no conversion per read).
-// Up to kMaxGrid clip factors are scored side by side: each factor's error
-// is still the spec's sum in slot order, but the factors' chains are
-// independent, so their additions overlap instead of waiting on each other.
-constexpr int kMaxGrid = 8;
-
-// Clip factors a0 .. a0 + NA - 1 of one group scored side by side (each one's
-// error summed in slot order, as the spec fixes); the best so far is kept,
-// ties to the earlier factor.
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-
-template <int NA, typename T>
-__device__ __forceinline__ void score_factors(const FlushParams& f, const T* xs, int g, int a0, float mid, float rng,
-                                              float levels, float inv_g, float& best_err, float& best_lo,
-                                              float& best_scale) {
-  float lo[NA], scale[NA], inv[NA], err[NA];
-#pragma unroll
-  for (int a = 0; a < NA; ++a) {
-    const float tt = __fmul_rn(f.grid[a0 + a], rng);
-    lo[a] = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
-    scale[a] = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
-    round_meta(f.meta, lo[a], scale[a]);
-    inv[a] = __frcp_rn(scale[a]);
-    err[a] = 0.0f;
+// A group's slots as stored in shared memory (fp16, exact), read two at a time.
+struct GroupSlots {
+  const __half* xs;
+  int g;
+  template <typename F>
+  __device__ __forceinline__ void each(F&& f) const {
+    const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+#pragma unroll 4
+    for (int i = 0; i < g / 2; ++i) {
+      const float2 v = __half22float2(x2[i]);
+      f(v.x);
+      f(v.y);
+    }
+    if (g & 1) f(__half2float(xs[g - 1]));
   }
-  for (int sl = 0; sl < g; ++sl) {
-    const float x = to_float(xs[sl]);
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      const float d = __fsub_rn(__fadd_rn(__fmul_rn(code_of(x, lo[a], scale[a], inv[a], levels), scale[a]), lo[a]), x);
-      err[a] = __fadd_rn(err[a], __fmul_rn(d, d));
+  // Smallest and largest slot, compared as fp16 pairs (exact; NaN ignored
+  // unless all are NaN, as fminf and fmaxf do).
+  __device__ __forceinline__ void min_max(float& mn, float& mx) const {
+    const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+    __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2;
+#pragma unroll 8
+    for (int i = 0; i < g / 2; ++i) {
+      lo2 = __hmin2(lo2, x2[i]);
+      hi2 = __hmax2(hi2, x2[i]);
+    }
+    mn = fminf(__low2float(lo2), __high2float(lo2));
+    mx = fmaxf(__low2float(hi2), __high2float(hi2));
+    if (g & 1) {
+      mn = fminf(mn, __half2float(xs[g - 1]));
+      mx = fmaxf(mx, __half2float(xs[g - 1]));
     }
   }
+};
+
+// The lo and scale of every clip factor of a group (the spec's float ops,
+// then the metadata rounding).
+template <int NA>
+struct Factors {
+  float lo[NA], scale[NA], inv[NA];
+  __device__ __forceinline__ Factors(const FlushParams& f, float mid, float rng, float levels) {
 #pragma unroll
-  for (int a = 0; a < NA; ++a) {
+    for (int a = 0; a < NA; ++a) {
+      const float tt = __fmul_rn(f.grid[a], rng);
+      lo[a] = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
+      scale[a] = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
+      round_meta(f.meta, lo[a], scale[a]);
+      inv[a] = __frcp_rn(scale[a]);
+    }
+  }
+};
+
+// The spec's choice: every factor's error summed in slot order with each
+// operation rounded (the factors' chains side by side, no branch per value),
+// the smallest mean error, ties to the earlier factor.
+template <int NA>
+__device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSlots& xs, float levels, float inv_g) {
+  float err[NA];
+  bool ok = true;
+#pragma unroll
+  for (int a = 0; a < NA; ++a) err[a] = 0.0f;
+  xs.each([&](float x) {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      const float code = __fsub_rn(code_plus_round(x, F.lo[a], F.scale[a], F.inv[a], levels, ok), kRound);
+      err[a] = __fadd_rn(err[a], sq_error(code, x, F.lo[a], F.scale[a]));
+    }
+  });
+  if (!ok) {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      err[a] = 0.0f;
+      xs.each([&](float x) { err[a] = __fadd_rn(err[a], sq_error(code_by_division(x, F.lo[a], F.scale[a], levels), x, F.lo[a], F.scale[a])); });
+    }
+  }
+  int best = 0;
+  float best_err = __fmul_rn(err[0], inv_g);
+#pragma unroll
+  for (int a = 1; a < NA; ++a) {
     const float e = __fmul_rn(err[a], inv_g);
-    if (a0 + a == 0 || e < best_err) {
-      best_err = e;
-      best_lo = lo[a];
-      best_scale = scale[a];
+    if (e < best_err) best_err = e, best = a;
+  }
+  return best;
+}
+
+// Packs the codes of n slots (n * BITS a multiple of 16) into out16, 16 bits a word.
+template <int BITS>
+__device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16) {
+  constexpr int kPer = 16 / BITS;  // codes per 16-bit word
+  constexpr float levels = static_cast<float>((1 << BITS) - 1);
+  const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+  bool ok = true;
+  for (int w = 0; w < n / kPer; ++w) {
+    unsigned acc = 0;
+#pragma unroll
+    for (int e = 0; e < kPer; e += 2) {
+      const float2 v = __half22float2(x2[(w * kPer + e) / 2]);
+      acc |= (__float_as_uint(code_plus_round(v.x, lo, scale, inv, levels, ok)) & ((1u << BITS) - 1)) << (e * BITS);
+      acc |= (__float_as_uint(code_plus_round(v.y, lo, scale, inv, levels, ok)) & ((1u << BITS) - 1)) << ((e + 1) * BITS);
+    }
+    out16[w] = static_cast<unsigned short>(acc);
+  }
+  if (!ok) {
+    for (int w = 0; w < n / kPer; ++w) {
+      unsigned acc = 0;
+      for (int e = 0; e < kPer; ++e)
+        acc |= static_cast<unsigned>(code_by_division(__half2float(xs[w * kPer + e]), lo, scale, levels)) << (e * BITS);
+      out16[w] = static_cast<unsigned short>(acc);
     }
   }
 }
 
-template <typename T, int NA>  // NA divides n_grid: factors scored NA at a time (registers sized for NA)
-__global__ void quant_kernel(const FlushParams f, DevSide s, int rows_per_block) {
-  extern __shared__ __align__(16) unsigned char staging[];
-  T* rows = reinterpret_cast<T*>(staging);  // [rows_per_block][P + 1]
-  const int D = s.D, G = s.G, g = f.group, bits = s.bits, P = G * g, stride = P + 1;
-  const int blocks_per_chunk_head = (f.window + rows_per_block - 1) / rows_per_block;
+// Shared-memory layout of one flush block: R rows of P fp16 slots (already
+// permuted, padded) with a row stride of an odd number of words, so that the
+// threads of a warp (one row each) read distinct banks; the channel -> slot
+// map; the block's packed code rows.
+struct FlushLayout {
+  int R = 0, stride = 0;  // rows per block, row stride in halves
+  std::size_t inv_at = 0, out_at = 0, bytes = 0;
+  __host__ __device__ FlushLayout(int rows, int P, int D, std::int64_t row_bytes) : R(rows) {
+    stride = (P + 1) / 2 * 2;
+    if ((stride / 2) % 2 == 0) stride += 2;
+    inv_at = static_cast<std::size_t>(R) * stride * 2;
+    out_at = (inv_at + static_cast<std::size_t>(D) * 2 + 15) / 16 * 16;
+    bytes = out_at + static_cast<std::size_t>(R) * row_bytes;
+  }
+};
+
+// Block: rows [t0, t0 + R) of window c of one (b, h); thread: one (row, group).
+// The rows are read with 16-byte loads (several in flight per thread) into
+// shared memory, each value stored at its permuted slot; the codes are packed
+// into shared memory and written out as whole rows. With one clip factor
+// (search off) there is nothing to choose and no error is summed.
+template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
+__global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevSide s, int R) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
+  const FlushLayout L(R, P, D, s.row_bytes);
+  __half* rows = reinterpret_cast<__half*>(smem);
+  short* inv = reinterpret_cast<short*>(smem + L.inv_at);
+  unsigned char* out = smem + L.out_at;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int blocks_per_chunk_head = (f.window + R - 1) / R;
   const std::int64_t bid = blockIdx.x;
   const int rb = static_cast<int>(bid % blocks_per_chunk_head);
   const std::int64_t bh = (bid / blocks_per_chunk_head) % (static_cast<std::int64_t>(f.B) * f.H);
   const int c = static_cast<int>(bid / (blocks_per_chunk_head * static_cast<std::int64_t>(f.B) * f.H));
   const int h = static_cast<int>(bh % f.H);
-  const int t0 = rb * rows_per_block, nr = min(rows_per_block, f.window - t0);
-  const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
-  const int* perm = s.perm ? s.perm + h * D : nullptr;
-  for (int j = threadIdx.x; j < P; j += blockDim.x) {  // a column of the block's rows (no division per element)
-    const int jj = min(j, D - 1);                        // padding repeats the last permuted value
-    const __half* col = src + (perm ? perm[jj] : jj);
-    for (int r = 0; r < nr; ++r) rows[r * stride + j] = static_cast<T>(col[static_cast<std::int64_t>(r) * D]);
-  }
-  __syncthreads();
-  const int rl = threadIdx.x / G, k = threadIdx.x % G;
-  if (rl >= nr) return;
-  const int t = t0 + rl;
+  const int t0 = rb * R, nr = min(R, f.window - t0);
   const std::int64_t slot = f.slot0 + c;
-  if (slot == 0 && t < f.n_sink) return;  // sinks stay exact
-  const T* xs = rows + rl * stride + k * g;
-  const float levels = static_cast<float>((1 << bits) - 1);
-  const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
-  float gmin = to_float(xs[0]), gmax = gmin;
-  for (int sl = 1; sl < g; ++sl) {
-    const float x = to_float(xs[sl]);
-    gmin = fminf(gmin, x);
-    gmax = fmaxf(gmax, x);
-  }
-  const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
-  const float rng = __fsub_rn(gmax, gmin);
-  float best_err = 0.0f, best_lo = 0.0f, best_scale = 0.0f;
-  for (int a0 = 0; a0 < f.n_grid; a0 += NA) score_factors<NA, T>(f, xs, g, a0, mid, rng, levels, inv_g, best_err, best_lo, best_scale);
-  // Codes of this group's real channels: whole bytes (g and D are multiples of 16).
-  const float best_inv = __frcp_rn(best_scale);
-  const int j0 = k * g, j1 = min(D, j0 + g);
-  unsigned char* out = s.codes + slot * s.slot_codes + (bh * f.window + t) * s.row_bytes + j0 * bits / 8;
-  unsigned acc = 0;
-  int nbits = 0;
-  for (int j = j0; j < j1; ++j) {
-    acc |= static_cast<unsigned>(code_of(to_float(xs[j - j0]), best_lo, best_scale, best_inv, levels)) << nbits;
-    nbits += bits;
-    while (nbits >= 8) {
-      *out++ = static_cast<unsigned char>(acc & 0xffu);
-      acc >>= 8;
-      nbits -= 8;
+  const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
+  for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
+  __syncthreads();
+  const int vpr = D / 8;  // 16-byte vectors per row
+  if ((reinterpret_cast<std::uintptr_t>(src) & 15) == 0 && D % 8 == 0 && nt % vpr == 0) {
+    // Each thread keeps to one 8-channel column (its slots in registers) and
+    // has kV 16-byte loads in flight.
+    constexpr int kV = 4;
+    const int c8 = (tid % vpr) * 8, rstep = nt / vpr;
+    int slot_of[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) slot_of[e] = inv[c8 + e];
+    const uint4* col = reinterpret_cast<const uint4*>(src + c8);  // row r at col + r * vpr
+    for (int r0 = tid / vpr; r0 < nr; r0 += kV * rstep) {
+      uint4 buf[kV];
+#pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        const int r = r0 + u * rstep;
+        if (r < nr) buf[u] = __ldg(col + r * vpr);
+      }
+#pragma unroll
+      for (int u = 0; u < kV; ++u) {
+        const int r = r0 + u * rstep;
+        if (r < nr) {
+          const __half* hv = reinterpret_cast<const __half*>(&buf[u]);
+          __half* row = rows + r * L.stride;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) row[slot_of[e]] = hv[e];
+        }
+      }
+    }
+  } else {
+    for (int i = tid; i < nr * D; i += nt) {
+      const int r = i / D, col = i - r * D;
+      rows[r * L.stride + inv[col]] = src[i];
     }
   }
-  const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
-  store_meta(s.lo + mo, f.meta, best_lo);
-  store_meta(s.scale + mo, f.meta, best_scale);
+  if (P > D) {  // the padding repeats the row's last permuted value
+    __syncthreads();
+    for (int i = tid; i < nr * (P - D); i += nt) {
+      const int r = i / (P - D);
+      rows[r * L.stride + D + (i - r * (P - D))] = rows[r * L.stride + D - 1];
+    }
+  }
+  __syncthreads();
+
+  const int rl = tid / G, k = tid - rl * G;
+  const int t = t0 + rl;
+  const int j0 = k * g, j1 = min(D, j0 + g);
+  auto* out16 = reinterpret_cast<unsigned short*>(out + rl * s.row_bytes + j0 * bits / 8);
+  if (rl < nr) {
+    if (slot == 0 && t < f.n_sink) {  // sinks stay exact: their code bytes are left zero
+      for (int i = 0; i < (j1 - j0) * bits / 16; ++i) out16[i] = 0;
+    } else {
+      const GroupSlots xs{rows + rl * L.stride + j0, g};
+      constexpr float levels = static_cast<float>((1 << BITS) - 1);
+      float gmin, gmax;
+      xs.min_max(gmin, gmax);
+      const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
+      const float rng = __fsub_rn(gmax, gmin);
+      const Factors<NA> F(f, mid, rng, levels);
+      int a = 0;
+      if constexpr (NA > 1) a = choose_factor<NA>(F, xs, levels, __fdiv_rn(1.0f, static_cast<float>(g)));
+      float best_lo = F.lo[0], best_scale = F.scale[0], best_inv = F.inv[0];
+#pragma unroll
+      for (int i = 1; i < NA; ++i) {
+        if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
+      }
+      // the group's real channels (j0 and j1 - j0 are multiples of 16)
+      pack_codes<BITS>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
+      store_meta(s.lo + mo, f.meta, best_lo);
+      store_meta(s.scale + mo, f.meta, best_scale);
+    }
+  }
+  __syncthreads();
+  // The block's code rows are contiguous in the slot.
+  unsigned char* dst = s.codes + slot * s.slot_codes + (bh * f.window + t0) * s.row_bytes;
+  const int nbytes = nr * static_cast<int>(s.row_bytes);
+  if (((reinterpret_cast<std::uintptr_t>(dst) | nbytes) & 15) == 0) {
+    for (int i = tid; i < nbytes / 16; i += nt) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(out)[i];
+  } else if (((reinterpret_cast<std::uintptr_t>(dst) | nbytes) & 3) == 0) {
+    for (int i = tid; i < nbytes / 4; i += nt) reinterpret_cast<unsigned*>(dst)[i] = reinterpret_cast<const unsigned*>(out)[i];
+  } else {
+    for (int i = tid; i < nbytes / 2; i += nt)
+      reinterpret_cast<unsigned short*>(dst)[i] = reinterpret_cast<const unsigned short*>(out)[i];
+  }
+}
+
+__global__ void quotient_kernel(const float* num, const float* scale, float* out, std::int64_t n) {
+  const std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = quotient_rn(num[i], scale[i], __frcp_rn(scale[i]));
 }
 
 }  // namespace
+
+void flush_quotients(const float* num, const float* scale, float* out, std::int64_t n) {
+  const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+  float *dn = nullptr, *ds = nullptr, *dq = nullptr;
+  SKVQ_CUDA_CHECK(cudaMalloc(&dn, bytes));
+  SKVQ_CUDA_CHECK(cudaMalloc(&ds, bytes));
+  SKVQ_CUDA_CHECK(cudaMalloc(&dq, bytes));
+  SKVQ_CUDA_CHECK(cudaMemcpy(dn, num, bytes, cudaMemcpyHostToDevice));
+  SKVQ_CUDA_CHECK(cudaMemcpy(ds, scale, bytes, cudaMemcpyHostToDevice));
+  quotient_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(dn, ds, dq, n);
+  SKVQ_CUDA_LAUNCH_CHECK();
+  SKVQ_CUDA_CHECK(cudaMemcpy(out, dq, bytes, cudaMemcpyDeviceToHost));
+  SKVQ_CUDA_CHECK(cudaFree(dn));
+  SKVQ_CUDA_CHECK(cudaFree(ds));
+  SKVQ_CUDA_CHECK(cudaFree(dq));
+}
 
 void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   perm_kernel<<<f.H, 128, side.D * sizeof(float), stream>>>(f, side);
   SKVQ_CUDA_LAUNCH_CHECK();
 }
 
+// 32 to 256 threads a block measured the same (K2V2 g128 without the search:
+// 1.21-1.22 ms for 2 x 131072 x 32 rows); 128 is the best at group 32.
+constexpr int kThreadsTarget = 128;
+
 void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   const int P = side.G * f.group;
-  const int rows_per_block = std::max(1, std::min(f.window, 64 / side.G));
-  const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H *
-                              ((f.window + rows_per_block - 1) / rows_per_block);
-  auto launch = [&](auto kernel, std::size_t elem) {
-    const std::size_t smem = static_cast<std::size_t>(rows_per_block) * (P + 1) * elem;
-    if (smem > 48 * 1024) {
-      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // rows per block: up to kThreadsTarget threads (one per row and group), at most 64 KiB of shared memory
+  int R = std::max(1, std::min(f.window, kThreadsTarget / side.G));
+  while (R > 1 && FlushLayout(R, P, side.D, side.row_bytes).bytes > 64 * 1024) --R;
+  const FlushLayout L(R, P, side.D, side.row_bytes);
+  const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
+  auto launch = [&](auto kernel) {
+    if (L.bytes > 48 * 1024) {
+      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
     }
-    kernel<<<static_cast<unsigned>(blocks), rows_per_block * side.G, smem, stream>>>(f, side, rows_per_block);
+    kernel<<<static_cast<unsigned>(blocks), R * side.G, L.bytes, stream>>>(f, side, R);
   };
-  // float staging above 16 KiB a block would cap the SM at a few blocks: stage fp16 then
-  const bool half = static_cast<std::size_t>(rows_per_block) * (P + 1) * sizeof(float) > 16 * 1024;
-  int na = kMaxGrid;
-  while (f.n_grid % na != 0) --na;
-  auto by_type = [&](auto k_half, auto k_float) {
-    if (half) launch(k_half, sizeof(__half));
-    else launch(k_float, sizeof(float));
+  auto by_bits = [&](auto na) {
+    constexpr int NA = decltype(na)::value;
+    switch (side.bits) {
+      case 1: launch(quant_kernel<NA, 1>); break;
+      case 2: launch(quant_kernel<NA, 2>); break;
+      case 4: launch(quant_kernel<NA, 4>); break;
+      case 8: launch(quant_kernel<NA, 8>); break;
+      default: throw Error("skvq: the GPU flush has no kernel for " + std::to_string(side.bits) + "-bit codes");
+    }
   };
-  switch (na) {
-    case 8: by_type(quant_kernel<__half, 8>, quant_kernel<float, 8>); break;
-    case 7: by_type(quant_kernel<__half, 7>, quant_kernel<float, 7>); break;
-    case 6: by_type(quant_kernel<__half, 6>, quant_kernel<float, 6>); break;
-    case 5: by_type(quant_kernel<__half, 5>, quant_kernel<float, 5>); break;
-    case 4: by_type(quant_kernel<__half, 4>, quant_kernel<float, 4>); break;
-    case 3: by_type(quant_kernel<__half, 3>, quant_kernel<float, 3>); break;
-    case 2: by_type(quant_kernel<__half, 2>, quant_kernel<float, 2>); break;
-    default: by_type(quant_kernel<__half, 1>, quant_kernel<float, 1>); break;
+  // the spec's grid (5 factors) with the search on, one factor without it
+  switch (f.n_grid) {
+    case 1: by_bits(std::integral_constant<int, 1>{}); break;
+    case 5: by_bits(std::integral_constant<int, 5>{}); break;
+    default: throw Error("skvq: the GPU flush takes 1 or 5 clip factors, not " + std::to_string(f.n_grid));
   }
   SKVQ_CUDA_LAUNCH_CHECK();
 }

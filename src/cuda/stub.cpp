@@ -2,6 +2,7 @@
 // every entry point says so.
 #include "skvq/cuda.hpp"
 #include "skvq/error.hpp"
+#include "cuda/selfcheck.hpp"
 
 namespace skvq::cuda {
 
@@ -34,5 +35,6 @@ void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { no_cuda(); }
 void copy_to_host(void*, const void*, std::size_t) { no_cuda(); }
 void synchronize() { no_cuda(); }
+void flush_quotients(const float*, const float*, float*, std::int64_t) { no_cuda(); }
 
 }  // namespace skvq::cuda
