@@ -19,21 +19,21 @@ namespace {
 
 constexpr std::int64_t kHeads = 32, kDim = 128;
 
-// Copy bandwidth with every thread: (bytes read + bytes written) / s, median of 5.
-double copy_bandwidth() {
-  const std::size_t n = std::size_t{1} << 29;  // 512 MiB
-  std::vector<char> a(n, 1), b(n, 2);
-  auto& pool = detail::ThreadPool::global();
-  const int parts = pool.size() * 4;
-  const double t = bench::median_seconds(5, [&] {
+// One copy of 512 MiB with every thread; bandwidth = (bytes read + bytes written) / s.
+struct CopyProbe {
+  static constexpr std::size_t n = std::size_t{1} << 29;
+  std::vector<char> a = std::vector<char>(n, 1), b = std::vector<char>(n, 2);
+  void run() {
+    auto& pool = detail::ThreadPool::global();
+    const int parts = pool.size() * 4;
     pool.parallel_for(parts, pool.size(), [&](std::int64_t i) {
       const std::size_t chunk = n / static_cast<std::size_t>(parts);
       std::memcpy(b.data() + static_cast<std::size_t>(i) * chunk, a.data() + static_cast<std::size_t>(i) * chunk, chunk);
     });
-  });
-  if (b[n / 2] != 1) std::abort();
-  return 2.0 * static_cast<double>(n) / t;
-}
+    if (b[n / 2] != 1) std::abort();
+  }
+  static double bandwidth(double seconds) { return 2.0 * static_cast<double>(n) / seconds; }
+};
 
 // A long history by tiling a shorter synthetic one (timing does not depend on the values).
 void tiled_kv(std::int64_t len, Tensor* k, Tensor* v) {
@@ -64,8 +64,9 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int threads = detail::ThreadPool::global().size();
   std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads\n\n", threads);
-  std::printf("copy bandwidth (read+write, %d threads) measured beside every row: this VM's memory bandwidth drifts\n"
-              "between 40 and 75 GB/s over minutes, so each row's shares are of the copy bandwidth measured just before it.\n\n",
+  std::printf("copy bandwidth (read+write, %d threads) measured with every row: this VM's memory bandwidth drifts\n"
+              "between 40 and 75 GB/s over minutes, so the copy, dense fp16, K2V2 and K4V4 are timed in turns\n"
+              "(medians of the rounds) and each row's shares are of the copy bandwidth measured in the same rounds.\n\n",
               threads);
   std::printf("| kv_len | fp16 dense ms | K2V2 g32 ms | K4V4 g32 ms | materialize+attend K2V2 ms | fp16 / K2V2 | fp16 / K4V4 | "
               "MB read fp16 | MB read K2V2 | MB read K4V4 | copy GB/s | fp16 %%bw | K2V2 %%bw | K4V4 %%bw |\n");
@@ -83,18 +84,19 @@ int main(int argc, char** argv) {
   c2.dense_view = c4.dense_view = false;
   c4.bits_key = c4.bits_value = 4;
   SkvqCache p2(c2), p4(c4);
+  CopyProbe copy;
   std::int64_t fed = 0;
   Tensor out(DType::f32, {1, kHeads, 1, kDim});
   for (std::int64_t len : lens) {
     p2.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     p4.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     fed = len;
-    const int reps = len >= 65536 ? 5 : 15;
-    const double bw = copy_bandwidth();
+    const int reps = len >= 65536 ? 7 : 15;
     const TensorView kd = k.view().slice_tokens(0, len), vd = v.view().slice_tokens(0, len);
-    const double t_dense = bench::median_seconds(reps, [&] { attend_dense(q.view(), kd, vd, scale, out.view()); });
-    const double t2 = bench::median_seconds(reps, [&] { attend(p2, q.view(), scale, out.view()); });
-    const double t4 = bench::median_seconds(reps, [&] { attend(p4, q.view(), scale, out.view()); });
+    const std::vector<double> med = bench::interleaved_medians(
+        reps, {[&] { copy.run(); }, [&] { attend_dense(q.view(), kd, vd, scale, out.view()); },
+               [&] { attend(p2, q.view(), scale, out.view()); }, [&] { attend(p4, q.view(), scale, out.view()); }});
+    const double bw = CopyProbe::bandwidth(med[0]), t_dense = med[1], t2 = med[2], t4 = med[3];
     Tensor km(DType::f16, {1, kHeads, len, kDim}), vm(DType::f16, {1, kHeads, len, kDim});
     const double tm = bench::median_seconds(reps, [&] {
       p2.fetch_into(km.view(), vm.view());
