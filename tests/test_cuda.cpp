@@ -141,7 +141,7 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
   const float steps[] = {0.5f, 0.25f, 1.0f / 3.0f, 2.0f, 0.0f};
   std::uint32_t seed = 100;
   for (int bits : {1, 2, 4, 8}) {
-    for (int group : {16, 32, 128}) {
+    for (int group : {16, 32, 48, 128, 200}) {  // 48: a padded last group; 200: one group past D
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         const Config cfg = gpu_config(32, 2, group, bits, bits, meta);
         Tensor k = randn({1, 2, 96, 128}, seed++, DType::f16, true), v = randn({1, 2, 96, 128}, seed++, DType::f16, true);
