@@ -2,7 +2,7 @@
 // and 4/4 bits vs dense fp16 attention through the same kernel vs
 // materialize-then-attend, side by side, with bytes read per step and the
 // machine's copy bandwidth measured in the same run.
-// Usage: bench_attend [--quick]
+// Usage: bench_attend [--quick | --len N (one row)]
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::int64_t> lens = {1024, 4096, 16384, 65536, 131072};
   if (quick) lens = {1024, 4096};
+  if (argc > 2 && std::strcmp(argv[1], "--len") == 0) lens = {std::atoll(argv[2])};  // one row
   const std::int64_t max_len = lens.back();
   Tensor k, v;
   tiled_kv(max_len, &k, &v);
