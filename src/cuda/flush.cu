@@ -56,11 +56,11 @@ __device__ __forceinline__ void store_meta(unsigned char* p, int meta, float v) 
 // RN(num * inv) is within 1.5 ulp of the quotient; one Newton correction
 // with an FMA residual makes it faithful (within 1 ulp); then the residual
 // num - q1 * scale is exact and RN(q1 + r * inv) is the correctly rounded
-// quotient (Markstein's theorem; no underflow or overflow can occur for
-// |q| < 2^20 with the magnitudes a group's x, lo and scale take). Every
-// operation is explicitly rounded, so nvcc contracts nothing else into FMAs.
-// Outside |q| < 2^20 (and for NaN, infinity) `ok` clears and the caller takes
-// the exact division.
+// quotient (Markstein's theorem), provided nothing overflows or underflows:
+// for finite fp16 x, lo and scale as the flush forms them (scale >= 1e-8,
+// num = x - lo zero or above 2^-60) nothing does. Every operation is
+// explicitly rounded, so nvcc contracts nothing else into FMAs. Groups with
+// a non-finite value take the division (code_by_division).
 __device__ __forceinline__ float quotient_rn(float num, float scale, float inv) {
   const float q0 = __fmul_rn(num, inv);
   const float q1 = __fmaf_rn(__fmaf_rn(-q0, scale, num), inv, q0);
@@ -73,12 +73,9 @@ constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
 
 // clamp(rint(RN((x - lo) / scale)), 0, levels) + kRound: the code in the low
 // bits. rint and clamp commute (the bounds are integers), so the clamp comes
-// first and keeps the sum exact. `ok` clears where the division-free quotient
-// is out of its range (only non-finite input does that); callers then redo
-// the group with code_by_division.
-__device__ __forceinline__ float code_plus_round(float x, float lo, float scale, float inv, float levels, bool& ok) {
+// first and keeps the sum exact. (A NaN x gives code 0, as the division does.)
+__device__ __forceinline__ float code_plus_round(float x, float lo, float scale, float inv, float levels) {
   const float q = quotient_rn(__fsub_rn(x, lo), scale, inv);
-  ok &= fabsf(q) < 0x1p20f;
   return __fadd_rn(fminf(fmaxf(q, 0.0f), levels), kRound);
 }
 
@@ -169,29 +166,29 @@ struct Factors {
   }
 };
 
+// The code of x for one factor: division-free, or (kDivide: groups with a
+// non-finite value) by the correctly rounded division itself.
+template <bool kDivide>
+__device__ __forceinline__ float code_of(float x, float lo, float scale, float inv, float levels) {
+  if constexpr (kDivide) return code_by_division(x, lo, scale, levels);
+  return __fsub_rn(code_plus_round(x, lo, scale, inv, levels), kRound);
+}
+
 // The spec's choice: every factor's error summed in slot order with each
 // operation rounded (the factors' chains side by side, no branch per value),
 // the smallest mean error, ties to the earlier factor.
-template <int NA>
+template <int NA, bool kDivide>
 __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSlots& xs, float levels, float inv_g) {
   float err[NA];
-  bool ok = true;
 #pragma unroll
   for (int a = 0; a < NA; ++a) err[a] = 0.0f;
   xs.each([&](float x) {
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const float code = __fsub_rn(code_plus_round(x, F.lo[a], F.scale[a], F.inv[a], levels, ok), kRound);
+      const float code = code_of<kDivide>(x, F.lo[a], F.scale[a], F.inv[a], levels);
       err[a] = __fadd_rn(err[a], sq_error(code, x, F.lo[a], F.scale[a]));
     }
   });
-  if (!ok) {
-#pragma unroll
-    for (int a = 0; a < NA; ++a) {
-      err[a] = 0.0f;
-      xs.each([&](float x) { err[a] = __fadd_rn(err[a], sq_error(code_by_division(x, F.lo[a], F.scale[a], levels), x, F.lo[a], F.scale[a])); });
-    }
-  }
   int best = 0;
   float best_err = __fmul_rn(err[0], inv_g);
 #pragma unroll
@@ -203,29 +200,24 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
 }
 
 // Packs the codes of n slots (n * BITS a multiple of 16) into out16, 16 bits a word.
-template <int BITS>
+template <int BITS, bool kDivide>
 __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16) {
   constexpr int kPer = 16 / BITS;  // codes per 16-bit word
   constexpr float levels = static_cast<float>((1 << BITS) - 1);
   const __half2* x2 = reinterpret_cast<const __half2*>(xs);
-  bool ok = true;
+  const auto bits_of = [&](float x) {
+    if constexpr (kDivide) return static_cast<unsigned>(code_by_division(x, lo, scale, levels));
+    return __float_as_uint(code_plus_round(x, lo, scale, inv, levels)) & ((1u << BITS) - 1);
+  };
   for (int w = 0; w < n / kPer; ++w) {
     unsigned acc = 0;
 #pragma unroll
     for (int e = 0; e < kPer; e += 2) {
       const float2 v = __half22float2(x2[(w * kPer + e) / 2]);
-      acc |= (__float_as_uint(code_plus_round(v.x, lo, scale, inv, levels, ok)) & ((1u << BITS) - 1)) << (e * BITS);
-      acc |= (__float_as_uint(code_plus_round(v.y, lo, scale, inv, levels, ok)) & ((1u << BITS) - 1)) << ((e + 1) * BITS);
+      acc |= bits_of(v.x) << (e * BITS);
+      acc |= bits_of(v.y) << ((e + 1) * BITS);
     }
     out16[w] = static_cast<unsigned short>(acc);
-  }
-  if (!ok) {
-    for (int w = 0; w < n / kPer; ++w) {
-      unsigned acc = 0;
-      for (int e = 0; e < kPer; ++e)
-        acc |= static_cast<unsigned>(code_by_division(__half2float(xs[w * kPer + e]), lo, scale, levels)) << (e * BITS);
-      out16[w] = static_cast<unsigned short>(acc);
-    }
   }
 }
 
@@ -328,15 +320,20 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
       const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
       const float rng = __fsub_rn(gmax, gmin);
       const Factors<NA> F(f, mid, rng, levels);
+      const bool finite = isfinite(gmin) && isfinite(gmax);  // NaN slots aside (fminf, fmaxf skip them)
       int a = 0;
-      if constexpr (NA > 1) a = choose_factor<NA>(F, xs, levels, __fdiv_rn(1.0f, static_cast<float>(g)));
+      if constexpr (NA > 1) {
+        const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
+        a = finite ? choose_factor<NA, false>(F, xs, levels, inv_g) : choose_factor<NA, true>(F, xs, levels, inv_g);
+      }
       float best_lo = F.lo[0], best_scale = F.scale[0], best_inv = F.inv[0];
 #pragma unroll
       for (int i = 1; i < NA; ++i) {
         if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
       }
       // the group's real channels (j0 and j1 - j0 are multiples of 16)
-      pack_codes<BITS>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
       store_meta(s.lo + mo, f.meta, best_lo);
       store_meta(s.scale + mo, f.meta, best_scale);

@@ -7,7 +7,8 @@
 namespace skvq::cuda {
 
 // out[i] = the flush kernel's division-free RN(num[i] / scale[i]) (host
-// arrays; valid for |quotient| < 2^20, which the kernel checks).
+// arrays; exact where nothing overflows or underflows, as for every quotient
+// the flush forms from finite fp16 input).
 void flush_quotients(const float* num, const float* scale, float* out, std::int64_t n);
 
 }  // namespace skvq::cuda
