@@ -163,6 +163,30 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
   }
 }
 
+// append_device from pointers that are not 16-byte aligned (one fp16 element
+// into a buffer): the flush stages rows element by element then; same state.
+TEST(Cuda, FlushFromUnalignedDevicePointers) {
+  REQUIRE_GPU();
+  for (bool search : {true, false}) {
+    Config cfg = gpu_config(64, 3, 32, 2, 2, MetaType::fp16);
+    cfg.clip_search = search;
+    const std::int64_t S = 300;
+    Tensor k = randn({1, 2, S, 128}, 31, DType::f16, true), v = randn({1, 2, S, 128}, 32, DType::f16, true);
+    SkvqCache cpu(cfg);
+    cpu.append(k.view(), v.view());
+    auto* dk = static_cast<std::uint16_t*>(cuda::device_alloc(k.nbytes() + 2));
+    auto* dv = static_cast<std::uint16_t*>(cuda::device_alloc(v.nbytes() + 2));
+    cuda::copy_to_device(dk + 1, k.data(), k.nbytes());
+    cuda::copy_to_device(dv + 1, v.data(), v.nbytes());
+    cuda::DeviceCache gpu(cfg, 1, 2, 128, S);
+    gpu.append_device(dk + 1, dv + 1, S);
+    cuda::synchronize();
+    cuda::device_free(dk);
+    cuda::device_free(dv);
+    EXPECT_TRUE(gpu.to_host().same_state(cpu)) << "search " << search;
+  }
+}
+
 double rel_l2(const TensorView& a, const TensorView& b) {
   double num = 0, den = 0;
   for (std::int64_t i = 0; i < a.shape[0]; ++i)

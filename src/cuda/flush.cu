@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
-  const int vpr = D / 8;  // 16-byte vectors per row
+  const int vpr = max(1, D / 8);  // 16-byte vectors per row
   if ((reinterpret_cast<std::uintptr_t>(src) & 15) == 0 && D % 8 == 0 && nt % vpr == 0) {
     // Each thread keeps to one 8-channel column (its slots in registers) and
     // has kV 16-byte loads in flight.
