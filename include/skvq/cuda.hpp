@@ -12,7 +12,8 @@
 
 namespace skvq::cuda {
 
-// True when this build has the CUDA backend and a CUDA device is usable.
+// True when this build has the CUDA backend and a CUDA device of compute
+// capability 8.0 or newer is usable.
 bool available();
 // The device's name, or why none is usable.
 std::string device_description();

@@ -12,9 +12,14 @@
 
 namespace skvq::cuda {
 
+// The kernels use cp.async and int8 mma.sync: compute capability 8.0 or newer
+// (the build carries sm_90 code and compute_80 PTX).
+constexpr int kMinMajor = 8;
+
 bool available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  int n = 0, major = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= kMinMajor;
 }
 
 std::string device_description() {
@@ -24,8 +29,13 @@ std::string device_description() {
   if (n == 0) return "no CUDA device";
   cudaDeviceProp prop{};
   SKVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  return std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
-         std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+  std::string d = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
+                  std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+  if (prop.major < kMinMajor) {
+    d += " (compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+         "; the skvq kernels need " + std::to_string(kMinMajor) + ".0 or newer)";
+  }
+  return d;
 }
 
 void* device_alloc(std::size_t bytes) {
