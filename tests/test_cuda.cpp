@@ -135,7 +135,7 @@ TEST(Cuda, FlushMatchesCpuBitForBit) {
 
 // Inputs on coarse grids (a few distinct values per group, constant groups,
 // two-valued groups): clip factors whose errors tie exactly or nearly, where
-// the GPU's cheap error sums must hand the choice to the exact ones.
+// the choice must follow the spec's (ties to the earlier factor) bit for bit.
 TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
   REQUIRE_GPU();
   const float steps[] = {0.5f, 0.25f, 1.0f / 3.0f, 2.0f, 0.0f};

@@ -11,6 +11,7 @@
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
 #include "cuda/selfcheck.hpp"
+#include "skvq/cuda.hpp"
 
 namespace skvq::cuda {
 
@@ -362,18 +363,18 @@ __global__ void quotient_kernel(const float* num, const float* scale, float* out
 
 void flush_quotients(const float* num, const float* scale, float* out, std::int64_t n) {
   const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-  float *dn = nullptr, *ds = nullptr, *dq = nullptr;
-  SKVQ_CUDA_CHECK(cudaMalloc(&dn, bytes));
-  SKVQ_CUDA_CHECK(cudaMalloc(&ds, bytes));
-  SKVQ_CUDA_CHECK(cudaMalloc(&dq, bytes));
-  SKVQ_CUDA_CHECK(cudaMemcpy(dn, num, bytes, cudaMemcpyHostToDevice));
-  SKVQ_CUDA_CHECK(cudaMemcpy(ds, scale, bytes, cudaMemcpyHostToDevice));
-  quotient_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(dn, ds, dq, n);
-  SKVQ_CUDA_LAUNCH_CHECK();
-  SKVQ_CUDA_CHECK(cudaMemcpy(out, dq, bytes, cudaMemcpyDeviceToHost));
-  SKVQ_CUDA_CHECK(cudaFree(dn));
-  SKVQ_CUDA_CHECK(cudaFree(ds));
-  SKVQ_CUDA_CHECK(cudaFree(dq));
+  auto* d = static_cast<float*>(device_alloc(3 * bytes));  // num, scale, quotients
+  try {
+    copy_to_device(d, num, bytes);
+    copy_to_device(d + n, scale, bytes);
+    quotient_kernel<<<static_cast<unsigned>((n + 255) / 256), 256>>>(d, d + n, d + 2 * n, n);
+    SKVQ_CUDA_LAUNCH_CHECK();
+    copy_to_host(out, d + 2 * n, bytes);
+  } catch (...) {
+    device_free(d);
+    throw;
+  }
+  device_free(d);
 }
 
 void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
