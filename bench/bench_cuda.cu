@@ -58,8 +58,10 @@ void random_half(__half* p, std::size_t n, std::uint32_t seed) {
   CHECK(cudaGetLastError());
 }
 
-// Median time in ms of fn over reps (after warm-up), with events.
-double time_ms(int reps, const std::function<void()>& fn) {
+// Median time in ms of fn over reps (after warm-up), with events; setup (when
+// given) runs before each call, warm-up included, outside the events.
+double time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& setup = {}) {
+  if (setup) setup();
   fn();
   CHECK(cudaDeviceSynchronize());
   cudaEvent_t a, b;
@@ -67,6 +69,10 @@ double time_ms(int reps, const std::function<void()>& fn) {
   CHECK(cudaEventCreate(&b));
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
+    if (setup) {
+      setup();
+      CHECK(cudaDeviceSynchronize());
+    }
     CHECK(cudaEventRecord(a));
     fn();
     CHECK(cudaEventRecord(b));
@@ -121,34 +127,22 @@ void flush_table(double bw, bool quick) {
   std::printf("\n## Flush throughput: B=1, H=32, D=128, %lld tokens appended in one call (%lld windows)\n\n",
               static_cast<long long>(T), static_cast<long long>(T / 128));
   std::printf("| setting | search | ms | GB/s of fp16 input | %% of copy bw |\n|---|---|---|---|---|\n");
-  cudaEvent_t ev[2];
-  CHECK(cudaEventCreate(&ev[0]));
-  CHECK(cudaEventCreate(&ev[1]));
   for (const Setting& s : kSettings) {
     for (bool search : {true, false}) {
       const Config cfg = make_config(s, search);
-      // the flush alone: each repetition appends to a fresh cache allocated before its events
-      std::vector<double> t;
-      for (int rep = 0; rep < 4; ++rep) {
-        cuda::DeviceCache c(cfg, 1, H, 128, T);
-        CHECK(cudaDeviceSynchronize());
-        CHECK(cudaEventRecord(ev[0]));
-        c.append_device(k, v, T);
-        CHECK(cudaEventRecord(ev[1]));
-        CHECK(cudaEventSynchronize(ev[1]));
-        float e = 0;
-        CHECK(cudaEventElapsedTime(&e, ev[0], ev[1]));
-        if (rep > 0) t.push_back(e);  // the first one warms up
-      }
-      std::sort(t.begin(), t.end());
-      const double ms = t[t.size() / 2];
+      // the flush alone: each call appends to a fresh cache allocated before its events
+      std::unique_ptr<cuda::DeviceCache> c;
+      const double ms = time_ms(
+          3, [&] { c->append_device(k, v, T); },
+          [&] {
+            c.reset();
+            c = std::make_unique<cuda::DeviceCache>(cfg, 1, H, 128, T);
+          });
       const double gbs = 2.0 * n * 2 / (ms * 1e-3) / 1e9;
       std::printf("| %s | %s | %.3f | %.1f | %.1f%% |\n", s.name, search ? "on" : "off", ms, gbs, 100 * gbs * 1e9 / bw);
       std::printf("RESULT flush setting=%s search=%d ms=%.4f gbs=%.2f\n", s.name, search, ms, gbs);
     }
   }
-  CHECK(cudaEventDestroy(ev[0]));
-  CHECK(cudaEventDestroy(ev[1]));
   CHECK(cudaFree(k));
   CHECK(cudaFree(v));
 }
