@@ -1039,13 +1039,15 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
     float* qp = q_p.get() + qi * Dp;
     for (std::int64_t j = 0; j < D; ++j) qp[j] = kperm ? qo[kperm[j]] : qo[j];
     if (fk.ok) {
-      for (std::int64_t k = 0; k < (vkeys ? 0 : fk.cpl); ++k)  // the per-word patterns of FusedScores
-        for (std::int64_t ph = 0; ph < fk.P; ++ph)
-          for (std::int64_t lane = 0; lane < L; ++lane) {
-            const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
-            qpat[qi * qstride + (k * fk.P + ph) * L + lane] = qv;
-            qls[qi * lstride + ph * L + lane] += qv;
-          }
+      if (!vkeys) {  // the per-word patterns of FusedScores
+        for (std::int64_t k = 0; k < fk.cpl; ++k)
+          for (std::int64_t ph = 0; ph < fk.P; ++ph)
+            for (std::int64_t lane = 0; lane < L; ++lane) {
+              const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
+              qpat[qi * qstride + (k * fk.P + ph) * L + lane] = qv;
+              qls[qi * lstride + ph * L + lane] += qv;
+            }
+      }
       if (vnni) {
         VnniQuery& v = vq[static_cast<std::size_t>(qi)];
         std::int8_t* hi = vnni_q.get() + 2 * qi * vbytes;
