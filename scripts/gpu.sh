@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 echo "== GPU tests"
 "$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
 grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
-for m in fast imma tmma; do
+for m in fast rs imma tmma; do
   echo "== GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)"
   SKVQ_CUDA_BODY=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_$m.txt" 2>&1
   grep -E "Failure|FAILED|PASSED" "$out/tests_$m.txt" | head -n 10

@@ -71,6 +71,10 @@ std::vector<Case> cases() {
       // the integer tensor-core kernel's other group size and byte-wide codes (G 4, Sq 3 take it)
       {gpu_config(64, 2, 64, 4, 4, MetaType::fp32), 1, 2, 260, {260}},
       {gpu_config(128, 0, 128, 8, 8, MetaType::fp16), 1, 1, 300, {300}},
+      // one metadata group a row (the one-token-per-lane dp4a kernel) with each metadata type and 1-bit codes
+      {gpu_config(128, 5, 128, 2, 2, MetaType::fp8_e4m3), 1, 2, 400, {400}},
+      {gpu_config(64, 3, 128, 4, 4, MetaType::fp32), 2, 1, 300, {150, 150}},
+      {gpu_config(64, 2, 128, 1, 1, MetaType::fp16), 1, 1, 200, {200}},
   };
 }
 
@@ -235,7 +239,7 @@ TEST(Cuda, AttentionMatchesCpuReference) {
   std::uint32_t seed = 100;
   for (const Case& c : cases()) {
     for (std::int64_t G : {1, 4}) {
-      for (std::int64_t Sq : {1, 3}) {
+      for (std::int64_t Sq : {1, 2, 3}) {
         Tensor k = randn({c.B, c.H, c.S, 128}, seed++, DType::f16, true), v = randn({c.B, c.H, c.S, 128}, seed++, DType::f16);
         SkvqCache cpu(c.cfg);
         cuda::DeviceCache gpu(c.cfg, c.B, c.H, 128, c.S);
@@ -263,21 +267,23 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
     cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     fed = len;
-    Tensor q = randn({1, 16, 1, 128}, static_cast<std::uint32_t>(len), DType::f32);
-    const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
-    // forced split counts through the device entry point
-    float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
-    float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
-    cuda::copy_to_device(dq, q.data(), q.nbytes());
-    for (int splits : {0, 1, 3, 17}) {
-      gpu.attend_device(dq, 16, 1, 0.1f, dout, splits);
-      Tensor got(DType::f32, want.shape());
-      cuda::copy_to_host(got.data(), dout, got.nbytes());
-      expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), 0.1f, got.view(), want.view(),
-                   "len " + std::to_string(len) + " splits " + std::to_string(splits));
+    for (std::int64_t Hq : {16, 2}) {  // grouped-query (8 rows a KV head) and multi-head (1 row)
+      Tensor q = randn({1, Hq, 1, 128}, static_cast<std::uint32_t>(len), DType::f32);
+      const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+      // forced split counts through the device entry point
+      float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
+      float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
+      cuda::copy_to_device(dq, q.data(), q.nbytes());
+      for (int splits : {0, 1, 3, 17}) {
+        gpu.attend_device(dq, static_cast<int>(Hq), 1, 0.1f, dout, splits);
+        Tensor got(DType::f32, want.shape());
+        cuda::copy_to_host(got.data(), dout, got.nbytes());
+        expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), 0.1f, got.view(), want.view(),
+                     "len " + std::to_string(len) + " Hq " + std::to_string(Hq) + " splits " + std::to_string(splits));
+      }
+      cuda::device_free(dq);
+      cuda::device_free(dout);
     }
-    cuda::device_free(dq);
-    cuda::device_free(dout);
   }
 }
 

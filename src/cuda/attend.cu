@@ -537,6 +537,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
 
 // One warp's share of a copy: 16-byte pieces strided over its 32 lanes.
@@ -707,6 +708,171 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
     }
     __syncthreads();  // the stage is refilled two tiles later
   }
+  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
+}
+
+// ---- the dp4a kernel with one token per lane for the scalar work ----
+//
+// attn_fast_kernel's layout (8 lanes per token, 16 channels a lane, 8 tokens
+// per group and tile), for metadata groups of 128 channels (one scale and
+// minimum per token). Each lane's 8 integer partial scores are summed over
+// the group's 8 lanes by a reduce-scatter (distance 4, 2, 1: 7 shuffles and
+// 7 adds instead of 24 and 24), after which lane j holds the whole integer
+// score of the group's token j and does that token's scalar work alone:
+// metadata, score, mask, exponential, value weight and its 16-bit rounding.
+// The 8 rounded weights come back to every lane of the group by an
+// all-gather (4 shuffles) for the dp4a value sums, which are those of
+// attn_fast_kernel. The softmax sum l and the value minima's sum lacc stay
+// per lane (its own tokens) and are summed over the group at the end.
+// Every shuffle runs on all 32 lanes: nothing that precedes one branches.
+template <int KB, int VB, int NQ, int META>
+__global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
+  extern __shared__ __align__(16) unsigned char ring[];
+  static_assert(NQ == 1 || NQ == 2, "one or two query rows");
+  constexpr int kSub = kFastTile / kGroups;  // 8 tokens per group and tile: one per lane
+  static_assert(kSub == kLanes, "one token per lane");
+  const FastLayout<kFastTile> lay(p);
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
+  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes (one per token: groups of 128)
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  GroupState<NQ, VB> st;
+  st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
+  st.template init_int<KB>();
+  float qsum[NQ];  // the whole row's sum of q (times the key minimum: one group)
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
+  const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
+  constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
+  constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
+  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);
+    auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
+    const int lo = rel(p.sinks);
+    const int mine = lane * kGroups + grp;  // the token this lane scores (local row of the tile)
+
+    // integer partial scores of the group's 8 tokens over this lane's channels
+    int part[NQ][kSub];
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      LaneCodes<KB> kc;
+      kc.load_shared(stage + lay.kc + (u * kGroups + grp) * (kLanes * LaneCodes<KB>::kBytes) + lane * LaneCodes<KB>::kBytes);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        int ah = 0, al = 0;
+#pragma unroll
+        for (int wi = 0; wi < kWords; ++wi)
+#pragma unroll
+          for (int m = 0; m < kPerByte; ++m) {
+            const unsigned x = KB == 8 ? kc.w[wi] : (kc.w[wi] >> (m * KB)) & kMask;
+            asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(ah) : "r"(x), "r"(st.qh[n][wi * kPerByte + m]));
+            asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(al) : "r"(x), "r"(st.ql[n][wi * kPerByte + m]));
+          }
+        part[n][u] = ah * 256 + al;  // |sum| < 8 * 16 * 255 * 127 * 257: fits
+      }
+    }
+    // reduce-scatter over the group: lane j ends with token j's whole sum
+    const float ksc = load_meta(stage + lay.ksc + mine * mb, META), klo = load_meta(stage + lay.klo + mine * mb, META);
+    const bool ok = mine < live;  // rows past it hold stale bytes (weight 0; metadata could be NaN)
+    const float vsc = ok ? load_meta(stage + lay.vsc + mine * mb, META) : 0.0f;
+    const float vlo = ok ? load_meta(stage + lay.vlo + mine * mb, META) : 0.0f;
+    unsigned wl[NQ][2], wh[NQ][2];
+    float sw[NQ];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      int r4[4], r2[2];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int keep = b4 ? part[n][k + 4] : part[n][k], give = b4 ? part[n][k] : part[n][k + 4];
+        r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
+      }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
+        r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+      }
+      const int total = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
+      const float sc = fmaf(ksc * st.qstep[n], static_cast<float>(total), klo * qsum[n]);
+      const bool visible = mine >= lo && mine <= min(rel(st.limit[n]), live - 1);
+      const float s = visible ? sc : -INFINITY;
+
+      // online softmax of the group (max over its 8 lanes)
+      float mt = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 1));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+      const float mnew = fmaxf(st.m[n], mt);
+      const bool none = mnew == -INFINITY;
+      const float corr = none ? 1.0f : fast_exp2(st.m[n] - mnew);
+      const float pw = none ? 0.0f : fast_exp2(s - mnew);
+      st.m[n] = mnew;
+      st.l[n] = fmaf(st.l[n], corr, pw);
+      st.lacc[n] = fmaf(st.lacc[n], corr, pw * vlo);
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int c = 0; c < kCPL; ++c) st.acc[n][c] *= corr;
+      }
+
+      // this token's weight rounded to 16 bits against the group's maximum,
+      // then all 8 weights to every lane: quad q's low / high bytes in wl / wh
+      const float u = pw * vsc;
+      float umax = fmaxf(u, __shfl_xor_sync(0xffffffffu, u, 1));
+      umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
+      umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
+      const W16 w16 = w16_of(umax);
+      sw[n] = w16.step;
+      const unsigned r = w16.round(u);
+      const unsigned r1 = __shfl_xor_sync(0xffffffffu, r, 1);
+      const unsigned pair = b1 ? __byte_perm(r1, r, 0x5410) : __byte_perm(r, r1, 0x5410);  // tokens 2k, 2k + 1
+      const unsigned pair2 = __shfl_xor_sync(0xffffffffu, pair, 2);
+      const unsigned qa = b2 ? pair2 : pair, qb = b2 ? pair : pair2;  // tokens 4j..4j+1, 4j+2..4j+3
+      const unsigned ya = __shfl_xor_sync(0xffffffffu, qa, 4), yb = __shfl_xor_sync(0xffffffffu, qb, 4);
+      const unsigned q0a = b4 ? ya : qa, q0b = b4 ? yb : qb, q1a = b4 ? qa : ya, q1b = b4 ? qb : yb;
+      wl[n][0] = __byte_perm(q0a, q0b, 0x6420), wh[n][0] = __byte_perm(q0a, q0b, 0x7531);
+      wl[n][1] = __byte_perm(q1a, q1b, 0x6420), wh[n][1] = __byte_perm(q1a, q1b, 0x7531);
+    }
+
+    // values: the group's 8 tokens transposed four at a time (attn_fast_kernel's dp4a sums)
+    constexpr int kQ = kSub / 4, kW = LaneCodes<VB>::kWords, kVPerByte = 8 / VB;
+    constexpr unsigned kVMask = ((1u << VB) - 1u) * 0x01010101u;
+    unsigned x[kQ][kW][4];
+#pragma unroll
+    for (int qd = 0; qd < kQ; ++qd) {
+      LaneCodes<VB> vc[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        vc[j].load_shared(stage + lay.vc + ((4 * qd + j) * kGroups + grp) * (kLanes * LaneCodes<VB>::kBytes) +
+                          lane * LaneCodes<VB>::kBytes);
+#pragma unroll
+      for (int w = 0; w < kW; ++w) {
+        const unsigned ab0 = __byte_perm(vc[0].w[w], vc[1].w[w], 0x5140), ab1 = __byte_perm(vc[0].w[w], vc[1].w[w], 0x7362);
+        const unsigned cd0 = __byte_perm(vc[2].w[w], vc[3].w[w], 0x5140), cd1 = __byte_perm(vc[2].w[w], vc[3].w[w], 0x7362);
+        x[qd][w][0] = __byte_perm(ab0, cd0, 0x5410), x[qd][w][1] = __byte_perm(ab0, cd0, 0x7632);
+        x[qd][w][2] = __byte_perm(ab1, cd1, 0x5410), x[qd][w][3] = __byte_perm(ab1, cd1, 0x7632);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) {
+        const int bit = c * VB, w = bit / 32, byte = (bit % 32) / 8, m = (bit % 8) / VB;
+        unsigned ah = 0, al = 0;
+#pragma unroll
+        for (int qd = 0; qd < kQ; ++qd) {
+          const unsigned xm = kVPerByte == 1 ? x[qd][w][byte] : x[qd][w][byte] & (kVMask << (m * VB));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(ah) : "r"(xm), "r"(wh[n][qd]));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[n][qd]));
+        }
+        const float unit = sw[n] * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
+        st.acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), st.acc[n][c]);
+      }
+    __syncthreads();  // the stage is refilled two tiles later
+  }
+#pragma unroll
+  for (int n = 0; n < NQ; ++n) st.l[n] = group_sum(st.l[n]), st.lacc[n] = group_sum(st.lacc[n]);
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
@@ -1022,6 +1188,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 // W^T with 8 shuffles per 32 tokens. Same 16-bit q and 16-bit weights (per 32
 // tokens and metadata group) as the other integer paths (docs/numerics.md).
 constexpr int kTmmaRows = 4;
+constexpr int kTmmaMinBlocks = 6;  // blocks per SM the register budget allows (latency hiding at B=1)
 
 // Row `row` of the query block, rounded as in the dp4a path: qstep, and the
 // row's q (log2 units) in the keys' stored channel order.
@@ -1033,7 +1200,7 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 }
 
 template <int KB, int VB, int META, int GS>
-__global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams p, int row0) {
+__global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB;
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1055,7 +1222,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
 
   // The block's query rows in shared memory (stored channel order, log2
   // units), with each row's max |q| and per-k-step sums (warp w: row w).
-  __shared__ float sq[kTmmaRows][kD], sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
+  // sq lives in the ring until the first tiles are issued (the ring holds at
+  // least one tile: 128 rows of codes, far more than sq's 2 KB).
+  __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
+  float(&sq)[kTmmaRows][kD] = *reinterpret_cast<float(*)[kTmmaRows][kD]>(ring);
   for (int e = threadIdx.x; e < kTmmaRows * kD; e += kThreads) {
     const int r = e / kD, ch = e % kD;
     bool ok;
@@ -1125,6 +1295,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
   const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  __syncthreads();  // sq (in the ring) read by all warps
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -1257,7 +1428,11 @@ __global__ void __launch_bounds__(kThreads, 4) attn_tmma_kernel(const AttnParams
 
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
-  __shared__ float sm_acc[4][kTmmaRows][kD];
+  // The warps' accumulators in the ring: every copy into it has landed (the
+  // last acquire waited for all but the empty groups committed after it) and
+  // the loop ends at a barrier.
+  cp_async_wait_all();
+  float(&sm_acc)[4][kTmmaRows][kD] = *reinterpret_cast<float(*)[4][kTmmaRows][kD]>(ring);
 #pragma unroll
   for (int x = 4; x <= 16; x *= 2) {
     l += __shfl_xor_sync(0xffffffffu, l, x);
@@ -1633,28 +1808,30 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
 // KV head (multi-head decode) through attn_fast_kernel, three or four
 // (grouped-query decode) through attn_tmma_kernel, more (wider groups,
 // prefill) through attn_imma_kernel, 8 rows a launch.
-enum class Body { fast, imma, tmma };
+enum class Body { fast, imma, tmma, rs };
 int body_override() {  // -1: none
   static const int v = [] {
     const char* e = std::getenv("SKVQ_CUDA_BODY");
     const std::string s = e ? e : "";
-    return s == "fast" ? 0 : s == "imma" ? 1 : s == "tmma" ? 2 : -1;
+    return s == "fast" ? 0 : s == "imma" ? 1 : s == "tmma" ? 2 : s == "rs" ? 3 : -1;
   }();
   return v;
 }
 Body body_kernel(const AttnParams& p) {
   const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
   const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4);
+  const bool rs = p.group == 128;  // one metadata group a row: one scale per token
   const int rows = (p.Hq / p.Hkv) * p.Sq;
   switch (body_override()) {
     case 0: return Body::fast;
     case 1: return imma ? Body::imma : Body::fast;
     case 2: return tmma ? Body::tmma : Body::fast;
+    case 3: return rs ? Body::rs : Body::fast;
     default: break;
   }
   if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
-  return Body::fast;
+  return rs && rows <= 2 ? Body::rs : Body::fast;
 }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
@@ -1662,6 +1839,7 @@ int fast_rows_per_launch(const AttnParams& p, int left) {
   switch (body_kernel(p)) {
     case Body::imma: return std::min(left, kImmaRows);
     case Body::tmma: return std::min(left, kTmmaRows);
+    case Body::rs: return left >= 2 ? 2 : 1;
     default: return left >= 4 ? 4 : left >= 2 ? 2 : 1;
   }
 }
@@ -1691,6 +1869,11 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
       else by_meta(attn_imma_kernel<KB, VB, 0, 128>, attn_imma_kernel<KB, VB, 1, 128>, attn_imma_kernel<KB, VB, 2, 128>);
       return;
     }
+  }
+  if (body_kernel(p) == Body::rs) {
+    if (nq == 2) by_meta(attn_rs_kernel<KB, VB, 2, 0>, attn_rs_kernel<KB, VB, 2, 1>, attn_rs_kernel<KB, VB, 2, 2>);
+    else by_meta(attn_rs_kernel<KB, VB, 1, 0>, attn_rs_kernel<KB, VB, 1, 1>, attn_rs_kernel<KB, VB, 1, 2>);
+    return;
   }
   if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
   else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
