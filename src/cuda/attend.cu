@@ -592,25 +592,76 @@ __device__ __forceinline__ void issue_rows(const AttnParams& p, const FastLayout
   }
 }
 
+// One warp's share of a copy of BYTES (a multiple of 16) known at compile
+// time: each lane's pieces at immediate offsets from one address pair.
+template <int BYTES>
+__device__ __forceinline__ void copy_fixed_warp(unsigned char* dst, const unsigned char* src) {
+  static_assert(BYTES % 16 == 0, "16-byte pieces");
+  const int lane = threadIdx.x % 32;
+  dst += lane * 16, src += lane * 16;
+#pragma unroll
+  for (int i = 0; i < BYTES / 512; ++i) cp_async16(dst + i * 512, src + i * 512);
+  if constexpr (BYTES % 512 != 0) {
+    if (lane * 16 < BYTES % 512) cp_async16(dst + (BYTES / 512) * 512, src + (BYTES / 512) * 512);
+  }
+}
+
 // The tiles of one block's token range [t_begin, t_end) in the packed body,
 // streamed through the kStages-deep shared-memory ring: start() fills the
 // first stages; acquire(tile) waits for a tile, starts the copy of the one
-// kStages - 1 ahead and returns the tile's stage. A tile is copied in as few
-// runs of rows as the slots (windows) it spans allow; rows past t_end are
+// kStages - 1 ahead and returns the tile's stage (tiles are issued in order).
+// When the window is a multiple of TILE (the usual case: every tile is whole
+// and inside one slot, since ranges start at multiples of TILE and end at
+// one or at the flush frontier, a multiple of the window) each warp keeps
+// the slot and row of the next tile and copies its array with sizes known at
+// compile time (rows of D = 128 codes are 16 KB bytes); otherwise a tile is
+// copied in as few runs of rows as the slots it spans allow, rows past t_end
 // not copied (the last tile may be partial).
-template <int TILE>
+// What one warp of the pipelined kernels copies per tile (aligned case): its
+// array (codes) or pair of arrays (metadata minima and scales, `pair` bytes
+// apart) at slot 0 and row 0 of the block's KV head, bytes per row and per
+// slot, and where the rows go in a stage. Kept in shared memory, where it
+// costs a load per tile instead of registers for the whole loop.
+struct WarpCopy {
+  const unsigned char* src;
+  std::int64_t pair, slot_bytes;
+  int row_bytes, dst0, dst1;
+};
+
+template <int TILE, int KB, int VB>
 struct TileStream {
   const AttnParams& p;
   const FastLayout<TILE>& lay;
   unsigned char* ring;
   std::int64_t bh, t_begin, t_end;
   int n_tiles;
+  bool aligned;
+  mutable int slot, row;  // aligned: the next tile's slot and first row in it
+  const WarpCopy* mine;
 
   __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
       : p(p_), lay(lay_), ring(ring_), bh(bh_) {
+    __shared__ WarpCopy copies[kThreads / 32];
     t_begin = static_cast<std::int64_t>(split) * p.split_len;
     t_end = min(p.q_end, t_begin + p.split_len);
     n_tiles = static_cast<int>((t_end - t_begin + TILE - 1) / TILE);
+    aligned = p.window % TILE == 0;
+    slot = static_cast<int>((static_cast<unsigned long long>(t_begin) * p.div_magic) >> p.div_shift);
+    row = static_cast<int>(t_begin - static_cast<std::int64_t>(slot) * p.window);
+    const int warp = threadIdx.x / 32;
+    mine = &copies[warp];
+    if (threadIdx.x % 32 == 0) {
+      const DevSide& side = warp % 2 == 0 ? p.k : p.v;
+      WarpCopy c;
+      c.row_bytes = warp < 2 ? static_cast<int>(side.row_bytes) : side.G * p.meta_bytes;
+      c.slot_bytes = warp < 2 ? side.slot_codes : side.slot_meta;
+      c.src = (warp < 2 ? side.codes : side.lo) + bh * p.window * c.row_bytes;
+      c.pair = warp < 2 ? 0 : static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(side.scale) - reinterpret_cast<std::uintptr_t>(side.lo));
+      c.dst0 = warp == 0 ? lay.kc : warp == 1 ? lay.vc : warp == 2 ? lay.klo : lay.vlo;
+      c.dst1 = warp == 2 ? lay.ksc : lay.vsc;
+      copies[warp] = c;
+    }
+    __syncwarp();
   }
   __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * TILE; }
   // rows of the tile that hold tokens of the range
@@ -618,14 +669,35 @@ struct TileStream {
     const std::int64_t left = t_end - first_token(tile);
     return left < TILE ? static_cast<int>(left) : TILE;
   }
+  __device__ void issue_aligned(unsigned char* stage) const {
+    static_assert(kThreads == 128, "one warp per array pair");
+    const WarpCopy c = *mine;
+    const unsigned char* src = c.src + slot * c.slot_bytes + static_cast<std::int64_t>(row) * c.row_bytes;
+    const int warp = threadIdx.x / 32;
+    if (warp == 0) {
+      copy_fixed_warp<TILE * (kD * KB / 8)>(stage + c.dst0, src);
+    } else if (warp == 1) {
+      copy_fixed_warp<TILE * (kD * VB / 8)>(stage + c.dst0, src);
+    } else {
+      copy_range_warp(stage + c.dst0, src, TILE * c.row_bytes);
+      copy_range_warp(stage + c.dst1, reinterpret_cast<const unsigned char*>(reinterpret_cast<std::uintptr_t>(src) + c.pair),
+                      TILE * c.row_bytes);
+    }
+    row += TILE;
+    if (row == p.window) row = 0, ++slot;
+  }
   __device__ void issue(int tile) const {
     unsigned char* stage = ring + (tile % kStages) * lay.stage;
+    if (aligned) {
+      issue_aligned(stage);
+      return;
+    }
     const std::int64_t t0 = first_token(tile);
     const int live = live_rows(tile);
     for (int r = 0; r < live;) {  // runs inside one window (window and t0 are multiples of kPiece)
       const std::int64_t t = t0 + r;
-      const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
-      const int in_window = static_cast<int>((slot + 1) * p.window - t);
+      const std::int64_t s = static_cast<std::int64_t>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
+      const int in_window = static_cast<int>((s + 1) * p.window - t);
       const int n = min(live - r, in_window);
       issue_rows(p, lay, stage, bh, t, r, n);
       r += n;
@@ -663,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   st.template init_int<KB>();
   const int kgrp = (lane * kCPL) / p.group;
-  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -745,7 +817,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
   constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
   constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
-  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -1026,7 +1098,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   // value gathers: lane g takes byte (8 hh + g) of each group; the selector picks byte g % 4 of two words
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
 
-  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -1294,7 +1366,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
-  const TileStream<kFastTile> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   __syncthreads();  // sq (in the ring) read by all warps
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
@@ -1546,7 +1618,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   for (int c = 0; c < 16; ++c) o[c][0] = o[c][1] = 0.0f;
   float m = -INFINITY, l = 0.0f, lo_acc[kMmaMaxGroups] = {0, 0, 0, 0};
 
-  const TileStream<kMmaTile> tiles(p, lay, ring, bh, split);
+  const TileStream<kMmaTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   constexpr int kRowWordsK = 128 * KB / 32, kRowWordsV = 128 * VB / 32;
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
