@@ -1875,11 +1875,13 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
 // Which pipelined kernel takes the packed body. The integer tensor-core
 // kernels need value n-tiles inside one metadata group (groups of 32, 64 or
 // 128 channels); the token-major one also values of 2 or 4 bits.
-// SKVQ_CUDA_BODY=fast|imma|tmma forces one where the layout allows (tests,
+// The one-token-per-lane dp4a kernel needs one metadata group a row (128).
+// SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
 // benchmarks). By default (measured, docs/performance.md): one or two rows per
-// KV head (multi-head decode) through attn_fast_kernel, three or four
-// (grouped-query decode) through attn_tmma_kernel, more (wider groups,
-// prefill) through attn_imma_kernel, 8 rows a launch.
+// KV head (multi-head decode) through attn_rs_kernel at group 128, else
+// attn_fast_kernel; three or four (grouped-query decode) through
+// attn_tmma_kernel, more (wider groups, prefill) through attn_imma_kernel, 8
+// rows a launch.
 enum class Body { fast, imma, tmma, rs };
 int body_override() {  // -1: none
   static const int v = [] {
