@@ -1264,6 +1264,15 @@ constexpr int kTmmaMinBlocks = 6;  // blocks per SM the register budget allows (
 
 // Row `row` of the query block, rounded as in the dp4a path: qstep, and the
 // row's q (log2 units) in the keys' stored channel order.
+// The byte of a packed value row whose channels are A rows g and g + 8 of
+// value set `set` in attn_tmma_kernel: byte g of the set's 8 bytes, or with
+// one metadata group a row byte set % 4 of word g + 8 (set / 4), which lets a
+// lane transpose whole words.
+template <int GS>
+__device__ __forceinline__ int tmma_vbyte(int set, int g) {
+  return GS == 128 ? 4 * (g + 8 * (set / 4)) + set % 4 : 8 * set + g;
+}
+
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   valid = row < n_rows;
@@ -1429,7 +1438,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
-    unsigned wb[2] = {0, 0};
+    unsigned wb[2] = {0, 0}, vword[2][4];
     float vsw = 0.0f;
 #pragma unroll
     for (int set = 0; set < kSets; ++set) {
@@ -1473,14 +1482,33 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         wb[1] = pick_bytes4(v1[0], v1[1], v1[2], v1[3], wsel);
         vsw = w16.step;  // row t's step: the C columns of this lane are row t's
       }
-      // V^T rows g / g + 8: byte 8 set + g of the row, slices 2 q and 2 q + 1, at tokens 8 j + t (a0, a1)
-      // and 8 j + 4 + t (a2, a3)
-      const int byte = 8 * set + g, wofs = byte & ~3;
+      // V^T rows g / g + 8: byte tmma_vbyte(set, g) of the row, slices 2 q and 2 q + 1, at tokens 8 j + t
+      // (a0, a1) and 8 j + 4 + t (a2, a3)
       unsigned x[2];
+      if constexpr (GS == 128) {
+        // One group a row: set 4 u + b is byte b of word g + 8 u, so a lane loads that word of its 4
+        // rows once for 4 sets and transposes it (4 loads and 8 byte permutes per 4 sets instead of
+        // 16 loads and 12 permutes of single-byte gathers).
+        if (set % 4 == 0) {
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
-        x[half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
+          for (int half = 0; half < 2; ++half) {
+            const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + 4 * (g + 8 * (set / 4));
+            const auto w = [vr](int j) { return *reinterpret_cast<const unsigned*>(vr + j * 8 * vrow); };
+            const unsigned w0 = w(0), w1 = w(1), w2 = w(2), w3 = w(3);
+            const unsigned ab0 = __byte_perm(w0, w1, 0x5140), ab1 = __byte_perm(w0, w1, 0x7362);
+            const unsigned cd0 = __byte_perm(w2, w3, 0x5140), cd1 = __byte_perm(w2, w3, 0x7362);
+            vword[half][0] = __byte_perm(ab0, cd0, 0x5410), vword[half][1] = __byte_perm(ab0, cd0, 0x7632);
+            vword[half][2] = __byte_perm(ab1, cd1, 0x5410), vword[half][3] = __byte_perm(ab1, cd1, 0x7632);
+          }
+        }
+        x[0] = vword[0][set % 4], x[1] = vword[1][set % 4];
+      } else {
+        const int wofs = tmma_vbyte<GS>(set, g) & ~3;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
+          x[half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
+        }
       }
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
@@ -1518,7 +1546,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     for (int q = 0; q < kPairs; ++q)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int ch = (8 * set + g) * PV + 2 * q + i;
+        const int ch = tmma_vbyte<GS>(set, g) * PV + 2 * q + i;
         sm_acc[warp][t][ch] = acc[set][q][i] + lacc[(set * 8 * PV) / GS];
       }
   __syncthreads();
