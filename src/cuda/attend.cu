@@ -1398,15 +1398,17 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         unsigned a[4];  // rows g (token k0) and g + 8 (token k1), k-halves 0 and 1
         key_slices<KB>(k0, ks, t, a[0], a[2]);
         key_slices<KB>(k1, ks, t, a[1], a[3]);
-        c[ks][0] = c[ks][1] = c[ks][2] = c[ks][3] = 0;
-        imma<false, true>(c[ks], a, qb[ks][0], qb[ks][1]);
+        // one metadata group a row: the 4 k-steps accumulate in one chain of MMAs (no integer adds)
+        int(&ck)[4] = c[GS == 128 ? 0 : ks];
+        if (GS != 128 || ks == 0) ck[0] = ck[1] = ck[2] = ck[3] = 0;
+        imma<false, true>(ck, a, qb[ks][0], qb[ks][1]);
       }
       float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
       int hs[2] = {0, 0}, ls[2] = {0, 0};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
         if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0, qsum = 0.0f;
-        hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
+        if (GS != 128 || ks == 0) hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
         qsum += qs[ks];
         if ((ks + 1) % spg == 0) {
           const int kg = ks / spg;
