@@ -125,6 +125,14 @@ __device__ __forceinline__ void load_exact(const __half* row, const int* perm, i
   }
 }
 
+// 4x4 byte transpose: y[b] holds byte b of w0, w1, w2, w3 (byte j from wj).
+__device__ __forceinline__ void transpose_bytes4x4(unsigned w0, unsigned w1, unsigned w2, unsigned w3, unsigned (&y)[4]) {
+  const unsigned ab0 = __byte_perm(w0, w1, 0x5140), ab1 = __byte_perm(w0, w1, 0x7362);
+  const unsigned cd0 = __byte_perm(w2, w3, 0x5140), cd1 = __byte_perm(w2, w3, 0x7362);
+  y[0] = __byte_perm(ab0, cd0, 0x5410), y[1] = __byte_perm(ab0, cd0, 0x7632);
+  y[2] = __byte_perm(ab1, cd1, 0x5410), y[3] = __byte_perm(ab1, cd1, 0x7632);
+}
+
 struct Where {
   int kind;  // 0 exact, 1 packed
   const __half* krow;
@@ -229,10 +237,10 @@ struct GroupState {
         }
     }
   }
-  // This lane's part of row n's score for a packed key: sum over its channels
-  // of q (kl + ks c).
+  // This lane's part of row n's score for a packed key in integer form: sum
+  // over its channels of qi c (packed_score below scales it: q (kl + ks c)).
   template <int KB>
-  __device__ __forceinline__ float packed_score(const LaneCodes<KB>& kc, float ks, float kl, int n) const {
+  __device__ __forceinline__ int packed_dot(const LaneCodes<KB>& kc, int n) const {
     constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
     constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
     int ah = 0, al = 0;
@@ -244,7 +252,11 @@ struct GroupState {
         asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(ah) : "r"(x), "r"(qh[n][wi * kPerByte + m]));
         asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(al) : "r"(x), "r"(ql[n][wi * kPerByte + m]));
       }
-    return fmaf(ks * qstep[n], static_cast<float>(ah * 256 + al), kl * qs[n]);
+    return ah * 256 + al;
+  }
+  template <int KB>
+  __device__ __forceinline__ float packed_score(const LaneCodes<KB>& kc, float ks, float kl, int n) const {
+    return fmaf(ks * qstep[n], static_cast<float>(packed_dot<KB>(kc, n)), kl * qs[n]);
   }
   __device__ __forceinline__ float exact_score(const float* x, int n) const {
     float d = 0.0f;
@@ -314,11 +326,7 @@ struct GroupState {
     for (int qd = 0; qd < kQ; ++qd)
 #pragma unroll
       for (int w = 0; w < kW; ++w) {
-        const unsigned a = vc[4 * qd].w[w], b = vc[4 * qd + 1].w[w], c = vc[4 * qd + 2].w[w], d = vc[4 * qd + 3].w[w];
-        const unsigned ab0 = __byte_perm(a, b, 0x5140), ab1 = __byte_perm(a, b, 0x7362);
-        const unsigned cd0 = __byte_perm(c, d, 0x5140), cd1 = __byte_perm(c, d, 0x7362);
-        x[qd][w][0] = __byte_perm(ab0, cd0, 0x5410), x[qd][w][1] = __byte_perm(ab0, cd0, 0x7632);
-        x[qd][w][2] = __byte_perm(ab1, cd1, 0x5410), x[qd][w][3] = __byte_perm(ab1, cd1, 0x7632);
+        transpose_bytes4x4(vc[4 * qd].w[w], vc[4 * qd + 1].w[w], vc[4 * qd + 2].w[w], vc[4 * qd + 3].w[w], x[qd][w]);
       }
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
@@ -606,17 +614,6 @@ __device__ __forceinline__ void copy_fixed_warp(unsigned char* dst, const unsign
   }
 }
 
-// The tiles of one block's token range [t_begin, t_end) in the packed body,
-// streamed through the kStages-deep shared-memory ring: start() fills the
-// first stages; acquire(tile) waits for a tile, starts the copy of the one
-// kStages - 1 ahead and returns the tile's stage (tiles are issued in order).
-// When the window is a multiple of TILE (the usual case: every tile is whole
-// and inside one slot, since ranges start at multiples of TILE and end at
-// one or at the flush frontier, a multiple of the window) each warp keeps
-// the slot and row of the next tile and copies its array with sizes known at
-// compile time (rows of D = 128 codes are 16 KB bytes); otherwise a tile is
-// copied in as few runs of rows as the slots it spans allow, rows past t_end
-// not copied (the last tile may be partial).
 // What one warp of the pipelined kernels copies per tile (aligned case): its
 // array (codes) or pair of arrays (metadata minima and scales, `pair` bytes
 // apart) at slot 0 and row 0 of the block's KV head, bytes per row and per
@@ -628,6 +625,17 @@ struct WarpCopy {
   int row_bytes, dst0, dst1;
 };
 
+// The tiles of one block's token range [t_begin, t_end) in the packed body,
+// streamed through the kStages-deep shared-memory ring: start() fills the
+// first stages; acquire(tile) waits for a tile, starts the copy of the one
+// kStages - 1 ahead and returns the tile's stage (tiles are issued in order).
+// When the window is a multiple of TILE (the usual case: every tile is whole
+// and inside one slot, since ranges start at multiples of TILE and end at
+// one or at the flush frontier, a multiple of the window) each warp keeps
+// the slot and row of the next tile and copies its array with sizes known at
+// compile time (rows of D = 128 codes are 16 KB bytes); otherwise a tile is
+// copied in as few runs of rows as the slots it spans allow, rows past t_end
+// not copied (the last tile may be partial).
 template <int TILE, int KB, int VB>
 struct TileStream {
   const AttnParams& p;
@@ -815,8 +823,6 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
 #pragma unroll
   for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
   const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
-  constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
-  constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
   const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
@@ -834,18 +840,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
       LaneCodes<KB> kc;
       kc.load_shared(stage + lay.kc + (u * kGroups + grp) * (kLanes * LaneCodes<KB>::kBytes) + lane * LaneCodes<KB>::kBytes);
 #pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        int ah = 0, al = 0;
-#pragma unroll
-        for (int wi = 0; wi < kWords; ++wi)
-#pragma unroll
-          for (int m = 0; m < kPerByte; ++m) {
-            const unsigned x = KB == 8 ? kc.w[wi] : (kc.w[wi] >> (m * KB)) & kMask;
-            asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(ah) : "r"(x), "r"(st.qh[n][wi * kPerByte + m]));
-            asm("dp4a.u32.s32 %0, %1, %2, %0;" : "+r"(al) : "r"(x), "r"(st.ql[n][wi * kPerByte + m]));
-          }
-        part[n][u] = ah * 256 + al;  // |sum| < 8 * 16 * 255 * 127 * 257: fits
-      }
+      for (int n = 0; n < NQ; ++n) part[n][u] = st.template packed_dot<KB>(kc, n);  // 8 of them: |sum| < 2^31
     }
     // reduce-scatter over the group: lane j ends with token j's whole sum
     const float ksc = load_meta(stage + lay.ksc + mine * mb, META), klo = load_meta(stage + lay.klo + mine * mb, META);
@@ -919,12 +914,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
         vc[j].load_shared(stage + lay.vc + ((4 * qd + j) * kGroups + grp) * (kLanes * LaneCodes<VB>::kBytes) +
                           lane * LaneCodes<VB>::kBytes);
 #pragma unroll
-      for (int w = 0; w < kW; ++w) {
-        const unsigned ab0 = __byte_perm(vc[0].w[w], vc[1].w[w], 0x5140), ab1 = __byte_perm(vc[0].w[w], vc[1].w[w], 0x7362);
-        const unsigned cd0 = __byte_perm(vc[2].w[w], vc[3].w[w], 0x5140), cd1 = __byte_perm(vc[2].w[w], vc[3].w[w], 0x7362);
-        x[qd][w][0] = __byte_perm(ab0, cd0, 0x5410), x[qd][w][1] = __byte_perm(ab0, cd0, 0x7632);
-        x[qd][w][2] = __byte_perm(ab1, cd1, 0x5410), x[qd][w][3] = __byte_perm(ab1, cd1, 0x7632);
-      }
+      for (int w = 0; w < kW; ++w) transpose_bytes4x4(vc[0].w[w], vc[1].w[w], vc[2].w[w], vc[3].w[w], x[qd][w]);
     }
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
@@ -1494,13 +1484,9 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         if (set % 4 == 0) {
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + 4 * (g + 8 * (set / 4));
+            const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + (tmma_vbyte<GS>(set, g) & ~3);
             const auto w = [vr](int j) { return *reinterpret_cast<const unsigned*>(vr + j * 8 * vrow); };
-            const unsigned w0 = w(0), w1 = w(1), w2 = w(2), w3 = w(3);
-            const unsigned ab0 = __byte_perm(w0, w1, 0x5140), ab1 = __byte_perm(w0, w1, 0x7362);
-            const unsigned cd0 = __byte_perm(w2, w3, 0x5140), cd1 = __byte_perm(w2, w3, 0x7362);
-            vword[half][0] = __byte_perm(ab0, cd0, 0x5410), vword[half][1] = __byte_perm(ab0, cd0, 0x7632);
-            vword[half][2] = __byte_perm(ab1, cd1, 0x5410), vword[half][3] = __byte_perm(ab1, cd1, 0x7632);
+            transpose_bytes4x4(w(0), w(1), w(2), w(3), vword[half]);
           }
         }
         x[0] = vword[0][set % 4], x[1] = vword[1][set % 4];
