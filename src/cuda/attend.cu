@@ -92,6 +92,34 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // q rounded to 16 bits against its row's max |q| as a high and a low byte
 // (q ~ (256 hi + lo) * step), and value weights rounded to 16 unsigned bits
 // against their block's maximum (u ~ r * step).
+// Programmatic dependent launch (sm_90): the pipelined kernels let the
+// combine kernel start while they run (each block signals at its start, so
+// the combine grid launches once the last wave of the body is resident), and
+// the combine kernel waits for their completion and memory before it reads
+// the workspace. Launched without the attribute (older GPUs, the general
+// kernel's path) the wait returns at once: the stream already ordered them.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_prerequisites() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+
+// TEMPORARY timeline instrumentation
+__device__ int g_tl_on = 0;
+__device__ unsigned long long g_tl[8192 * 8];
+__device__ __forceinline__ unsigned long long gtime() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ void tl_mark(int k) {
+  if (threadIdx.x == 0 && g_tl_on) {
+    const int blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    if (blk < 8192) g_tl[blk * 8 + k] = k == 0 || k == 7 ? gtime() : clock64();
+  }
+}
 __device__ __forceinline__ float q16_step(float qmax) { return qmax > 0.0f ? qmax / 32512.0f : 1.0f; }
 __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo) {
   const int r = static_cast<int>(fminf(fmaxf(rintf(x / step), -32512.0f), 32512.0f));
@@ -475,9 +503,9 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   st.template init_int<KB>();
   const int mb = p.meta_bytes;
   const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
-  const std::int64_t t_begin = p.n_ranges ? p.range_begin[split] : static_cast<std::int64_t>(split) * p.split_len;
-  const std::int64_t t_end = p.n_ranges ? p.range_end[split] : min(p.kv_len, t_begin + p.split_len);
-  const int out_split = p.n_ranges ? p.split_base + split : split;
+  const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
+  const int out_split = split;
 
   for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTileN) {
     float s[kTileN][NQ];
@@ -729,6 +757,7 @@ struct TileStream {
 
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(const AttnParams p, int row0) {
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
   // Tokens per group per softmax step, a multiple of 4 (value quads): 8 (the
   // group's whole share of a tile) measured 3-10% faster than 4 with one or two
@@ -739,12 +768,13 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  // tile copies first: their latency overlaps the query setup
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   st.template init_int<KB>();
   const int kgrp = (lane * kCPL) / p.group;
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
     const std::int64_t t0 = tiles.first_token(tile);
@@ -807,6 +837,8 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
 // Every shuffle runs on all 32 lanes: nothing that precedes one branches.
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  tl_mark(0); tl_mark(1);
   extern __shared__ __align__(16) unsigned char ring[];
   static_assert(NQ == 1 || NQ == 2, "one or two query rows");
   constexpr int kSub = kFastTile / kGroups;  // 8 tokens per group and tile: one per lane
@@ -816,6 +848,9 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes (one per token: groups of 128)
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  // tile copies first: their latency overlaps the query setup
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   st.template init_int<KB>();
@@ -823,10 +858,10 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
 #pragma unroll
   for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
   const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
+  tl_mark(2);
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
+    if (tile == 0) tl_mark(3);
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);
     auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
@@ -935,7 +970,9 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   }
 #pragma unroll
   for (int n = 0; n < NQ; ++n) st.l[n] = group_sum(st.l[n]), st.lacc[n] = group_sum(st.lacc[n]);
+  tl_mark(4);
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
+  tl_mark(5); tl_mark(7);
 }
 
 // ---- integer tensor-core kernel for the packed body ----
@@ -1015,6 +1052,7 @@ __device__ __forceinline__ void key_slices(const unsigned char* row, int ks, int
 
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams p, int row0) {
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB, HV = VB / 2;  // value codes per byte; byte sets per value group
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1032,6 +1070,9 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
   const int krow = 16 * KB, vrow = 16 * VB;  // bytes per packed row
+  // tile copies first: their latency overlaps the query setup
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
 
   // q of this lane's row (g), rounded to 16 bits against the row's max|q|.
   const int row = row0 + g;
@@ -1088,8 +1129,6 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   // value gathers: lane g takes byte (8 hh + g) of each group; the selector picks byte g % 4 of two words
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
 
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
     const std::int64_t t0 = tiles.first_token(tile);
@@ -1272,6 +1311,8 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  tl_mark(0); tl_mark(1);
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB;
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1291,17 +1332,28 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   constexpr int krow = 16 * KB, vrow = 16 * VB;
   const float qscale = p.scale * 1.4426950408889634f;  // log2 units
 
+  // The tile copies start first: the first tiles' DRAM latency overlaps the
+  // query setup below (its loads and the 16-bit split of q).
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
   // The block's query rows in shared memory (stored channel order, log2
   // units), with each row's max |q| and per-k-step sums (warp w: row w).
-  // sq lives in the ring until the first tiles are issued (the ring holds at
-  // least one tile: 128 rows of codes, far more than sq's 2 KB).
+  // Thread ch loads channel ch of every row: one permutation load and the
+  // rows' loads independent of each other.
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
-  float(&sq)[kTmmaRows][kD] = *reinterpret_cast<float(*)[kTmmaRows][kD]>(ring);
-  for (int e = threadIdx.x; e < kTmmaRows * kD; e += kThreads) {
-    const int r = e / kD, ch = e % kD;
-    bool ok;
-    const float* qr = tmma_qrow(p, b, h, row0 + r, ok);
-    sq[r][ch] = ok ? qr[kperm ? kperm[ch] : ch] * qscale : 0.0f;
+  __shared__ float sq[kTmmaRows][kD];
+  static_assert(kThreads == kD, "a thread per channel");
+  float qx[kTmmaRows];  // channel threadIdx.x of each row
+  {
+    const int ch = threadIdx.x, src = kperm ? kperm[ch] : ch;
+#pragma unroll
+    for (int r = 0; r < kTmmaRows; ++r) {
+      bool ok;
+      const float* qr = tmma_qrow(p, b, h, row0 + r, ok);
+      qx[r] = ok ? qr[src] * qscale : 0.0f;
+    }
+#pragma unroll
+    for (int r = 0; r < kTmmaRows; ++r) sq[r][ch] = qx[r];
   }
   __syncthreads();
   {
@@ -1333,26 +1385,31 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   const float qstep_t = q16_step(sq_max[t]);
   const std::int64_t limit = tvalid ? p.kv_len - p.Sq + (row0 + t) % p.Sq : -1;
   // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
-  // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1).
-  unsigned qb[4][2];
+  // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1). Each
+  // thread rounds its own channel of the 4 rows once and puts the two bytes
+  // where the fragments read them (qwords[row][high, low][k-step][slice
+  // register], byte j): one 16-bit split per value instead of one per value
+  // and warp.
+  __shared__ unsigned qwords[kTmmaRows][2][4][8];
   {
-    const float qstep_g = q16_step(sq_max[g / 2]);
+    constexpr int PK = 8 / KB;
+    const int ch = threadIdx.x, ks = ch / 32, c = ch % 32;
+    const int j = (c / PK) % 4, r = (c / PK / 4) * PK + c % PK;  // imma_key_channel(r, j) == c
+    unsigned char* bytes = reinterpret_cast<unsigned char*>(&qwords[0][0][0][0]);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        unsigned v = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
-          int hi, lo;
-          q16_split(sq[g / 2][ch], qstep_g, hi, lo);
-          const int part = (g & 1) ? lo : hi;
-          v |= static_cast<unsigned>(part & 0xFF) << (8 * j);
-        }
-        qb[ks][e] = v;
-      }
+    for (int row = 0; row < kTmmaRows; ++row) {
+      int hi, lo;
+      q16_split(qx[row], q16_step(sq_max[row]), hi, lo);
+      bytes[(((row * 2 + 0) * 4 + ks) * 8 + r) * 4 + j] = static_cast<unsigned char>(hi & 0xFF);
+      bytes[(((row * 2 + 1) * 4 + ks) * 8 + r) * 4 + j] = static_cast<unsigned char>(lo & 0xFF);
+    }
   }
+  __syncthreads();
+  unsigned qb[4][2];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) qb[ks][e] = qwords[g / 2][g & 1][ks][2 * t + e];
 
   // acc[s][pair][i]: row t, channel (8 s + g) PV + 2 pair + i; lacc per metadata group.
   float m = -INFINITY, l = 0.0f, acc[kSets][kPairs][2], lacc[4];
@@ -1365,11 +1422,10 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  __syncthreads();  // sq (in the ring) read by all warps
-  tiles.start();
+  tl_mark(2);
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
+    if (tile == 0) tl_mark(3);
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);
     auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
@@ -1514,6 +1570,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     __syncthreads();  // the stage is refilled two tiles later
   }
 
+  tl_mark(4);
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
   // The warps' accumulators in the ring: every copy into it has landed (the
@@ -1539,6 +1596,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  tl_mark(5); tl_mark(7);
 }
 
 // ---- tensor-core kernel for the packed body ----
@@ -1588,6 +1646,7 @@ struct PairMap {  // pair p of a row: two channels of one 32-bit word
 
 template <int KB, int VB, int META>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, int row0) {
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
   const FastLayout<kMmaTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -1847,20 +1906,109 @@ __device__ __forceinline__ float combine_reduce(float v, float* red) {
   return v;
 }
 
+// The exact tokens of one query row (the sinks [0, sinks) and the tail
+// [q_end, kv_len)) in float32, in the channels' stored (original) order:
+// lane l holds channels 4l..4l+3, warp w takes the row's exact tokens w,
+// w + 4, ..., 8 at a time (loads in flight together). Returns the row's
+// max and sum (log2 units) and leaves its accumulators (not divided) in
+// ex_acc[0][*]; every thread of the block must call it.
+constexpr int kExactStep = 8;  // tokens a warp takes per online-softmax step
+__device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow, std::int64_t bh, std::int64_t limit,
+                                          float (&ex_m)[kD / 32], float (&ex_l)[kD / 32], float (&ex_acc)[kD / 32][kD],
+                                          float& M, float& L) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const float qsc = p.scale * 1.4426950408889634f;  // log2 units
+  const float4 qv = __ldg(reinterpret_cast<const float4*>(p.q + qrow * kD) + lane);
+  const float q[4] = {qv.x * qsc, qv.y * qsc, qv.z * qsc, qv.w * qsc};
+  const std::int64_t n_sinks = p.sinks, n = n_sinks + (p.kv_len - p.q_end);
+  float m = -INFINITY, l = 0.0f, a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (std::int64_t e0 = warp; e0 < n; e0 += 4 * kExactStep) {
+    float s[kExactStep];
+    uint2 vraw[kExactStep];
+#pragma unroll
+    for (int u = 0; u < kExactStep; ++u) {
+      const std::int64_t e = e0 + 4 * u;
+      const bool in = e < n;
+      const std::int64_t t = e < n_sinks ? e : p.q_end + (e - n_sinks);
+      const std::int64_t off = (e < n_sinks ? bh * p.sinks + e : bh * p.window + (e - n_sinks)) * kD + 4 * lane;
+      const __half* kr = (e < n_sinks ? p.k.sinks : p.k.tail) + off;
+      const __half* vr = (e < n_sinks ? p.v.sinks : p.v.tail) + off;
+      uint2 kraw = make_uint2(0u, 0u);
+      vraw[u] = make_uint2(0u, 0u);
+      if (in) kraw = __ldg(reinterpret_cast<const uint2*>(kr)), vraw[u] = __ldg(reinterpret_cast<const uint2*>(vr));
+      const float2 k01 = __half22float2(*reinterpret_cast<const __half2*>(&kraw.x));
+      const float2 k23 = __half22float2(*reinterpret_cast<const __half2*>(&kraw.y));
+      float d = fmaf(q[0], k01.x, fmaf(q[1], k01.y, fmaf(q[2], k23.x, q[3] * k23.y)));
+#pragma unroll
+      for (int x = 16; x > 0; x >>= 1) d += __shfl_xor_sync(0xffffffffu, d, x);
+      s[u] = (in && t <= limit) ? d : -INFINITY;
+    }
+    float mt = s[0];
+#pragma unroll
+    for (int u = 1; u < kExactStep; ++u) mt = fmaxf(mt, s[u]);
+    const float mnew = fmaxf(m, mt);
+    if (mnew == -INFINITY) continue;  // uniform over the warp
+    const float corr = fast_exp2(m - mnew);
+    l *= corr;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) a[c] *= corr;
+#pragma unroll
+    for (int u = 0; u < kExactStep; ++u) {
+      const float w = fast_exp2(s[u] - mnew);
+      const float2 v01 = __half22float2(*reinterpret_cast<const __half2*>(&vraw[u].x));
+      const float2 v23 = __half22float2(*reinterpret_cast<const __half2*>(&vraw[u].y));
+      l += w;
+      a[0] = fmaf(w, v01.x, a[0]), a[1] = fmaf(w, v01.y, a[1]), a[2] = fmaf(w, v23.x, a[2]), a[3] = fmaf(w, v23.y, a[3]);
+    }
+    m = mnew;
+  }
+  if (lane == 0) ex_m[warp] = m, ex_l[warp] = l;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) ex_acc[warp][4 * lane + c] = a[c];
+  __syncthreads();
+  M = fmaxf(fmaxf(ex_m[0], ex_m[1]), fmaxf(ex_m[2], ex_m[3]));
+  L = 0.0f;
+  float A = 0.0f;
+  if (M != -INFINITY) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float wt = fast_exp2(ex_m[w] - M);  // exp2(-inf) = 0 for a warp that saw nothing
+      L = fmaf(ex_l[w], wt, L);
+      A = fmaf(ex_acc[w][threadIdx.x], wt, A);
+    }
+  }
+  __syncthreads();
+  ex_acc[0][threadIdx.x] = A;
+  __syncthreads();
+}
+
 // One block per query row: the splits' maxima and weights in shared memory
 // first (any number of splits), then each thread sums one channel over the
 // splits, 16 independent (predicated) loads in flight at a time (with 4 at
-// a time, 66 splits took ~11 us: one memory latency per 4).
-__global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+// a time, 66 splits took ~11 us: one memory latency per 4). EXACT: the row's
+// sinks and tail enter here as one more part, attended before the wait for
+// the pipelined kernel (exact_row), so that they overlap it.
+template <bool EXACT>
+__global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
   extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
   __shared__ float red[kD / 32];
   static_assert(kD == 128, "4 warps a block");
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
   const int j = threadIdx.x;
+  const int dst = vperm_all ? vperm_all[h * kD + j] : j;
+  float Me = -INFINITY, Le = 0.0f, Ae = 0.0f;  // the exact tokens' part (none without EXACT)
+  if constexpr (EXACT) {
+    __shared__ float ex_m[kD / 32], ex_l[kD / 32], ex_acc[kD / 32][kD];
+    const std::int64_t b = qrow / (static_cast<std::int64_t>(p.Sq) * p.Hq);
+    const std::int64_t limit = p.kv_len - p.Sq + qrow % p.Sq;
+    exact_row(p, qrow, b * p.Hkv + h, limit, ex_m, ex_l, ex_acc, Me, Le);
+    Ae = ex_acc[0][dst];
+  }
+  wait_prerequisites();
   const float* ms = p.ws_m + qrow * p.splits;
   const float* ls = p.ws_l + qrow * p.splits;
-  float M = -INFINITY;
+  float M = Me;
   for (int s = j; s < p.splits; s += kD) M = fmaxf(M, ms[s]);
   M = combine_reduce<true>(M, red);
   float L = 0.0f;
@@ -1870,9 +2018,11 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
     L += ls[s] * w;
   }
   L = combine_reduce<false>(L, red);  // (its barrier also publishes sw)
+  const float we = Me == -INFINITY ? 0.0f : fast_exp2(Me - M);
+  L = fmaf(Le, we, L);
   const float* acc = p.ws_acc + qrow * p.splits * kD + j;
   constexpr int kU = 16;
-  float A[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float A[4] = {Ae * we, 0.0f, 0.0f, 0.0f};
   for (int s = 0; s < p.splits; s += kU) {
     float x[kU], w[kU];
 #pragma unroll
@@ -1884,7 +2034,6 @@ __global__ void combine_kernel(const AttnParams p, const int* vperm_all, float* 
 #pragma unroll
     for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], w[u], A[u % 4]);
   }
-  const int dst = vperm_all ? vperm_all[h * kD + j] : j;
   out[qrow * kD + dst] = ((A[0] + A[1]) + (A[2] + A[3])) / L;
 }
 
@@ -2057,7 +2206,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
 template <int KB, int VB, bool DENSE>
 void launch_rows(const AttnParams& p, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
-  const dim3 grid(p.n_ranges ? p.n_ranges : p.splits, p.Hkv, p.B);
+  const dim3 grid(p.splits, p.Hkv, p.B);
   int row = 0;
   while (row < n_rows) {
     const int left = n_rows - row;
@@ -2073,34 +2222,6 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
     }
     SKVQ_CUDA_LAUNCH_CHECK();
   }
-}
-
-// A non-blocking stream and two events per thread and device, for running the
-// general kernel beside the pipelined one (run_attention).
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-  SideStream() = default;
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-  ~SideStream() {  // at thread exit; errors ignored (the context may be gone at process exit)
-    if (fork) cudaEventDestroy(fork);
-    if (join) cudaEventDestroy(join);
-    if (stream) cudaStreamDestroy(stream);
-  }
-};
-
-SideStream& side_stream() {
-  thread_local std::map<int, SideStream> per_device;
-  int dev = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  SideStream& s = per_device[dev];
-  if (s.stream == nullptr) {
-    SKVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-    SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
-    SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
-  }
-  return s;
 }
 
 // The workspace pool of the current device: stream-ordered allocations that
@@ -2129,6 +2250,20 @@ cudaMemPool_t workspace_pool() {
   return pool;
 }
 
+// Programmatic dependent launch needs compute capability 9.0 (checked once per device).
+bool dependent_launch_supported() {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  int dev = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(dev);
+  if (it != known.end()) return it->second;
+  int major = 0;
+  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return known[dev] = major >= 9;
+}
+
 }  // namespace
 
 // The tensor-core kernel is opt-in (SKVQ_CUDA_MMA=1): measured on the H200 it
@@ -2153,6 +2288,17 @@ int choose_splits(const AttnParams& p, int requested) {
   return static_cast<int>(splits);
 }
 
+
+// TEMPORARY
+void debug_timeline(bool on, unsigned long long* out) {
+  if (out == nullptr) {
+    int v = on ? 1 : 0;
+    SKVQ_CUDA_CHECK(cudaMemcpyToSymbol(g_tl_on, &v, sizeof v));
+    return;
+  }
+  SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(out, g_tl, sizeof(unsigned long long) * 8192 * 8));
+}
+
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
@@ -2161,41 +2307,33 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     p.div_shift = 32 + sh;
     p.div_magic = static_cast<unsigned long long>((((__uint128_t)1 << p.div_shift) + p.window - 1) / p.window);
   }
-  // Packed body through the pipelined kernel when tiles of 64 rows fit the window;
-  // exact sinks and tail (and everything else) through the general kernel.
+  // Packed body through the pipelined kernel when tiles of 64 rows fit the
+  // window, the exact sinks and tail in the combine kernel (which starts
+  // beside the pipelined kernel: programmatic dependent launch); otherwise
+  // everything through the general kernel, then the combine.
   const bool fast = !dense && p.window % kPiece == 0 && p.q_end > 0;
   int fast_splits = 0;
-  AttnParams gen = p;
   if (fast) {
     AttnParams body = p;
     body.kv_len = p.q_end;
     fast_splits = choose_fast_splits(body, requested_splits);
+    if (const char* e = std::getenv("SKVQ_DBG_SPLITS")) fast_splits = std::atoi(e);
     p.split_len = (p.q_end + fast_splits - 1) / fast_splits;
     p.split_len = (p.split_len + kFastTile - 1) / kFastTile * kFastTile;
     fast_splits = static_cast<int>((p.q_end + p.split_len - 1) / p.split_len);
-    gen.n_ranges = 0;
-    if (p.sinks > 0) gen.range_begin[gen.n_ranges] = 0, gen.range_end[gen.n_ranges++] = p.sinks;
-    if (p.kv_len > p.q_end) {
-      // The tail in pieces of about 32 tokens, one block each: one block for
-      // a whole tail is a long chain of dependent loads (the general kernel
-      // took 21 us for the 5 sinks alone at B=1 Hkv=8), longer than a short
-      // body and then on the critical path (100-token tail, B=1 4k: 0.040 ->
-      // 0.034 ms at Hkv=8, 0.041 -> 0.032 at Hkv=32; no change from 128k).
-      const std::int64_t tail = p.kv_len - p.q_end;
-      const std::int64_t pieces = std::min<std::int64_t>(AttnParams::kMaxRanges - gen.n_ranges, (tail + 31) / 32);
-      for (std::int64_t i = 0; i < pieces; ++i) {
-        gen.range_begin[gen.n_ranges] = p.q_end + tail * i / pieces;
-        gen.range_end[gen.n_ranges++] = p.q_end + tail * (i + 1) / pieces;
-      }
-    }
-    gen.split_base = fast_splits;
-    p.splits = fast_splits + gen.n_ranges;
+    p.splits = fast_splits;
   } else {
     p.splits = choose_splits(p, requested_splits);
     p.split_len = (p.kv_len + p.splits - 1) / p.splits;
     p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);
     p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
   }
+  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
+  bool supported = dense;
+  with_bits(kb, vb, [&](auto, auto) { supported = true; });
+  if (!supported)
+    throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
+                std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
   float* ws = nullptr;
   const std::size_t ws_bytes = static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float);
@@ -2203,47 +2341,32 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
   p.ws_acc = ws + 2 * rows * p.splits;
-  gen.ws_m = p.ws_m, gen.ws_l = p.ws_l, gen.ws_acc = p.ws_acc, gen.splits = p.splits;
-  if (!fast) gen = p;
-  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
   // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
   const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
-  // The general kernel (exact sinks and tail) writes other splits of the
-  // workspace than the pipelined kernel: it runs beside it on a side stream
-  // (fork and join by events), so that a short context does not pay for the
-  // two one after the other.
-  auto both = [&](auto fast_launch, auto mma_launch, auto gen_launch) {
-    if (!fast) {
-      gen_launch(gen, stream);
-      return;
-    }
-    SideStream* side = gen.n_ranges > 0 ? &side_stream() : nullptr;
-    if (side) SKVQ_CUDA_CHECK(cudaEventRecord(side->fork, stream));
-    // the long kernel first: the device starts on it while the host still
-    // enqueues the short one beside it (B=1, Hkv=8, 128k: 0.147 -> 0.117 ms)
-    if (mma) mma_launch(p, fast_splits, stream);
-    else fast_launch(p, fast_splits, stream);
-    if (side) {
-      SKVQ_CUDA_CHECK(cudaStreamWaitEvent(side->stream, side->fork, 0));
-      gen_launch(gen, side->stream);
-      SKVQ_CUDA_CHECK(cudaEventRecord(side->join, side->stream));
-      SKVQ_CUDA_CHECK(cudaStreamWaitEvent(stream, side->join, 0));
-    }
-  };
   if (dense) {
     launch_rows<2, 2, true>(p, stream);
-  } else if (!with_bits(kb, vb, [&](auto k, auto v) {
-               constexpr int K = decltype(k)::value, V = decltype(v)::value;
-               both(launch_fast_rows<K, V>, launch_mma_rows<K, V>, launch_rows<K, V, false>);
-             })) {
-    cudaFreeAsync(ws, stream);
-    throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
-                std::to_string(kb) + ", " + std::to_string(vb) + ")");
+  } else {
+    with_bits(kb, vb, [&](auto k, auto v) {
+      constexpr int K = decltype(k)::value, V = decltype(v)::value;
+      if (!fast) launch_rows<K, V, false>(p, stream);
+      else if (mma) launch_mma_rows<K, V>(p, fast_splits, stream);
+      else launch_fast_rows<K, V>(p, fast_splits, stream);
+    });
   }
   const int combine_smem = p.splits * static_cast<int>(sizeof(float));
-  allow_smem(combine_kernel, combine_smem);
-  combine_kernel<<<static_cast<unsigned>(rows), kD, combine_smem, stream>>>(p, dense ? nullptr : p.v.perm, out);
-  SKVQ_CUDA_LAUNCH_CHECK();
+  const auto combine = fast ? combine_kernel<true> : combine_kernel<false>;
+  allow_smem(combine, combine_smem);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows));
+  cfg.blockDim = dim3(kD);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(combine_smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = fast && dependent_launch_supported() ? 1 : 0;
+  SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine, static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out));
   SKVQ_CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
 

@@ -37,11 +37,6 @@ struct AttnParams {
   int div_shift = 32;
   int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
-  // Explicit token ranges for the general kernel (n_ranges > 0): block x takes
-  // [range_begin[x], range_end[x]) and writes partial split_base + x.
-  static constexpr int kMaxRanges = 8;  // the sinks and up to 7 pieces of the tail
-  int n_ranges = 0, split_base = 0;
-  std::int64_t range_begin[kMaxRanges] = {}, range_end[kMaxRanges] = {};
 };
 
 }  // namespace skvq::cuda
