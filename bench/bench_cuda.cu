@@ -249,7 +249,6 @@ void scale_test(std::int64_t tokens) {
 
 }  // namespace
 
-namespace skvq::cuda { void debug_timeline(bool on, unsigned long long* out); }
 // One packed decode step on one shape (for a profiler): --one B Hkv T
 void one(int B, int Hkv, std::int64_t T) {
   const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
@@ -275,34 +274,6 @@ void one(int B, int Hkv, std::int64_t T) {
                          }) / 20;
   std::printf("B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", B, Hkv, static_cast<long long>(T),
               one_ms, many_ms);
-  if (std::getenv("SKVQ_TL")) {
-    std::vector<unsigned long long> tl(8192 * 8, 0);
-    cuda::debug_timeline(false, tl.data());
-    cuda::debug_timeline(true, nullptr);
-    CHECK(cudaDeviceSynchronize());
-    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-    cudaEventRecord(e0);
-    c.attend_device(q, 32, 1, 0.088f, out);
-    cudaEventRecord(e1);
-    CHECK(cudaDeviceSynchronize());
-    float ev = 0; cudaEventElapsedTime(&ev, e0, e1);
-    cuda::debug_timeline(false, nullptr);
-    cuda::debug_timeline(false, tl.data());
-    unsigned long long g0 = ~0ull, g1 = 0; int n = 0;
-    double d[5] = {0, 0, 0, 0, 0}, dmax[5] = {0, 0, 0, 0, 0};
-    std::vector<double> starts;
-    for (int i = 0; i < 8192; ++i) {
-      if (tl[i * 8] == 0) continue;
-      ++n; g0 = std::min(g0, tl[i * 8]); g1 = std::max(g1, tl[i * 8 + 7]);
-      for (int k = 0; k < 4; ++k) { const double x = (double)(tl[i * 8 + k + 2] - tl[i * 8 + k + 1]) / 1980.0; d[k] += x; dmax[k] = std::max(dmax[k], x); }
-      const double x = (double)(tl[i * 8 + 7] - tl[i * 8]) / 1000.0; d[4] += x; dmax[4] = std::max(dmax[4], x);
-    }
-    for (int i = 0; i < 8192; ++i) if (tl[i * 8]) starts.push_back((tl[i * 8] - g0) / 1000.0);
-    std::sort(starts.begin(), starts.end());
-    std::printf("timeline: %d blocks, event %.1f us, kernel span %.1f us; mean/max us: prologue %.2f/%.2f first-tile-wait %.2f/%.2f loop %.2f/%.2f epilogue %.2f/%.2f block %.2f/%.2f; start spread p50 %.2f p90 %.2f max %.2f\n",
-                n, ev * 1000, (g1 - g0) / 1000.0, d[0] / n, dmax[0], d[1] / n, dmax[1], d[2] / n, dmax[2], d[3] / n, dmax[3], d[4] / n, dmax[4],
-                starts[starts.size() / 2], starts[starts.size() * 9 / 10], starts.back());
-  }
 }
 
 int main(int argc, char** argv) {

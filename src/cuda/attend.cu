@@ -109,17 +109,6 @@ __device__ __forceinline__ void wait_prerequisites() {
 #endif
 }
 
-
-// TEMPORARY timeline instrumentation
-__device__ int g_tl_on = 0;
-__device__ unsigned long long g_tl[8192 * 8];
-__device__ __forceinline__ unsigned long long gtime() { unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
-__device__ __forceinline__ void tl_mark(int k) {
-  if (threadIdx.x == 0 && g_tl_on) {
-    const int blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    if (blk < 8192) g_tl[blk * 8 + k] = k == 0 || k == 7 ? gtime() : clock64();
-  }
-}
 __device__ __forceinline__ float q16_step(float qmax) { return qmax > 0.0f ? qmax / 32512.0f : 1.0f; }
 __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo) {
   const int r = static_cast<int>(fminf(fmaxf(rintf(x / step), -32512.0f), 32512.0f));
@@ -838,7 +827,6 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
-  tl_mark(0); tl_mark(1);
   extern __shared__ __align__(16) unsigned char ring[];
   static_assert(NQ == 1 || NQ == 2, "one or two query rows");
   constexpr int kSub = kFastTile / kGroups;  // 8 tokens per group and tile: one per lane
@@ -858,10 +846,8 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
 #pragma unroll
   for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
   const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
-  tl_mark(2);
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
-    if (tile == 0) tl_mark(3);
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);
     auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
@@ -970,9 +956,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   }
 #pragma unroll
   for (int n = 0; n < NQ; ++n) st.l[n] = group_sum(st.l[n]), st.lacc[n] = group_sum(st.lacc[n]);
-  tl_mark(4);
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
-  tl_mark(5); tl_mark(7);
 }
 
 // ---- integer tensor-core kernel for the packed body ----
@@ -1312,7 +1296,6 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
-  tl_mark(0); tl_mark(1);
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB;
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1422,10 +1405,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
-  tl_mark(2);
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
-    if (tile == 0) tl_mark(3);
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);
     auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
@@ -1570,7 +1551,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     __syncthreads();  // the stage is refilled two tiles later
   }
 
-  tl_mark(4);
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
   // The warps' accumulators in the ring: every copy into it has landed (the
@@ -1596,7 +1576,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
-  tl_mark(5); tl_mark(7);
 }
 
 // ---- tensor-core kernel for the packed body ----
@@ -1984,7 +1963,7 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 
 // One block per query row: the splits' maxima and weights in shared memory
 // first (any number of splits), then each thread sums one channel over the
-// splits, 16 independent (predicated) loads in flight at a time (with 4 at
+// splits, 32 independent (predicated) loads in flight at a time (with 4 at
 // a time, 66 splits took ~11 us: one memory latency per 4). EXACT: the row's
 // sinks and tail enter here as one more part, attended before the wait for
 // the pipelined kernel (exact_row), so that they overlap it.
@@ -2021,7 +2000,7 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
   const float we = Me == -INFINITY ? 0.0f : fast_exp2(Me - M);
   L = fmaf(Le, we, L);
   const float* acc = p.ws_acc + qrow * p.splits * kD + j;
-  constexpr int kU = 16;
+  constexpr int kU = 32;
   float A[4] = {Ae * we, 0.0f, 0.0f, 0.0f};
   for (int s = 0; s < p.splits; s += kU) {
     float x[kU], w[kU];
@@ -2289,15 +2268,6 @@ int choose_splits(const AttnParams& p, int requested) {
 }
 
 
-// TEMPORARY
-void debug_timeline(bool on, unsigned long long* out) {
-  if (out == nullptr) {
-    int v = on ? 1 : 0;
-    SKVQ_CUDA_CHECK(cudaMemcpyToSymbol(g_tl_on, &v, sizeof v));
-    return;
-  }
-  SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(out, g_tl, sizeof(unsigned long long) * 8192 * 8));
-}
 
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
@@ -2317,7 +2287,6 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     AttnParams body = p;
     body.kv_len = p.q_end;
     fast_splits = choose_fast_splits(body, requested_splits);
-    if (const char* e = std::getenv("SKVQ_DBG_SPLITS")) fast_splits = std::atoi(e);
     p.split_len = (p.q_end + fast_splits - 1) / fast_splits;
     p.split_len = (p.split_len + kFastTile - 1) / kFastTile * kFastTile;
     fast_splits = static_cast<int>((p.q_end + p.split_len - 1) / p.split_len);
