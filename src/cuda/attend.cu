@@ -1,11 +1,13 @@
 // Fused split-K attention over the device cache: [exact sinks | packed body |
 // exact tail], grouped-query attention, causal prefill, and a combine step.
 // The packed body goes through a pipelined kernel (128-token tiles in a
-// cp.async ring): attn_fast_kernel (dp4a, below) for one or two query rows
-// per KV head, attn_tmma_kernel (int8 tensor cores, tokens as MMA rows) for
-// three or four, attn_imma_kernel (int8 tensor cores, query rows as MMA
-// rows) for more; exact sinks and tail through attn_kernel, beside it on a
-// side stream.
+// cp.async ring): attn_rs_kernel / attn_fast_kernel (dp4a, below) for one or
+// two query rows per KV head, attn_tmma_kernel (int8 tensor cores, tokens as
+// MMA rows) for three or four, attn_imma_kernel (int8 tensor cores, query
+// rows as MMA rows) for more; the exact sinks and tail in the combine
+// kernel, which starts beside the pipelined one (programmatic dependent
+// launch) and merges everything. Caches whose window is not a multiple of
+// 64 (and the dense fp16 path) go through the general kernel, attn_kernel.
 //
 // A block (128 threads) owns one (batch, kv head, token split) and up to NQ
 // query rows of that kv head. Its threads form 16 groups of 8 lanes; a group
@@ -203,16 +205,27 @@ struct GroupState {
       const int gq = valid ? row / p.Sq : 0, i = valid ? row % p.Sq : 0;
       const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i) * kD;
       limit[n] = valid ? p.kv_len - p.Sq + i : -1;
-      qs[n] = 0.0f;
 #pragma unroll
       for (int c = 0; c < kCPL; ++c) {
         const int j = lane * kCPL + c;
-        q[n][c] = valid ? qrow[kperm ? kperm[j] : j] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
-        qs[n] += q[n][c];
+        q[n][c] = valid ? qrow[kperm ? kperm[j] : j] : 0.0f;  // raw: scaled by scale_q
       }
       m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
 #pragma unroll
       for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
+    }
+  }
+  // q to log2 units and its sums. Apart from init, which only issues the
+  // loads, so that a kernel can start its tile copies in between.
+  __device__ __forceinline__ void scale_q(const AttnParams& p) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      qs[n] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) {
+        q[n][c] *= p.scale * 1.4426950408889634f;
+        qs[n] += q[n][c];
+      }
     }
   }
   // Packed keys take q rounded to 16 bits, qi = round(q / qstep) with
@@ -489,6 +502,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   const int* vperm = (!DENSE && p.v.perm) ? p.v.perm + h * kD : nullptr;
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, kperm);
+  st.scale_q(p);
   st.template init_int<KB>();
   const int mb = p.meta_bytes;
   const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
@@ -550,8 +564,8 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
 // The block stages 64-token tiles of packed codes and metadata in shared
 // memory with 16-byte cp.async copies, kStages deep, so that many bytes are
 // in flight while the groups compute on an earlier tile from shared memory.
-// Tokens below `sinks` (chunk 0's exact rows) are masked here; the general
-// kernel covers them and the tail.
+// Tokens below `sinks` (chunk 0's exact rows) are masked here; the combine
+// kernel covers them and the tail (exact_row).
 constexpr int kFastTile = 128;  // tokens per tile of the float32 kernel
 constexpr int kMmaTile = 64;    // tokens per tile of the tensor-core kernel (4 warps x 16)
 constexpr int kPiece = 64;      // tiles are copied in pieces of 64 rows: the window is a multiple of it
@@ -757,11 +771,13 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
-  // tile copies first: their latency overlaps the query setup
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
+  // The query loads go out first, then the first tiles' copies, then the
+  // query setup that waits for the loads (it overlaps the copies).
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  st.scale_q(p);
   st.template init_int<KB>();
   const int kgrp = (lane * kCPL) / p.group;
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
@@ -836,11 +852,13 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes (one per token: groups of 128)
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
-  // tile copies first: their latency overlaps the query setup
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
+  // The query loads go out first, then the first tiles' copies, then the
+  // query setup that waits for the loads (it overlaps the copies).
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  st.scale_q(p);
   st.template init_int<KB>();
   float qsum[NQ];  // the whole row's sum of q (times the key minimum: one group)
 #pragma unroll
@@ -1315,16 +1333,12 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   constexpr int krow = 16 * KB, vrow = 16 * VB;
   const float qscale = p.scale * 1.4426950408889634f;  // log2 units
 
-  // The tile copies start first: the first tiles' DRAM latency overlaps the
-  // query setup below (its loads and the 16-bit split of q).
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
-  tiles.start();
-  // The block's query rows in shared memory (stored channel order, log2
-  // units), with each row's max |q| and per-k-step sums (warp w: row w).
-  // Thread ch loads channel ch of every row: one permutation load and the
-  // rows' loads independent of each other.
-  __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
-  __shared__ float sq[kTmmaRows][kD];
+  // The query loads go out first (thread ch loads channel ch of every row:
+  // one permutation load, the rows' loads independent of each other), then
+  // the first tiles' copies, then the query setup, which waits for the loads
+  // and overlaps the copies. The block's query rows go to shared memory
+  // (stored channel order, log2 units), with each row's max |q| and per-k-step
+  // sums (warp w: row w).
   static_assert(kThreads == kD, "a thread per channel");
   float qx[kTmmaRows];  // channel threadIdx.x of each row
   {
@@ -1333,10 +1347,17 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     for (int r = 0; r < kTmmaRows; ++r) {
       bool ok;
       const float* qr = tmma_qrow(p, b, h, row0 + r, ok);
-      qx[r] = ok ? qr[src] * qscale : 0.0f;
+      qx[r] = ok ? qr[src] : 0.0f;
     }
+  }
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
+  __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
+  __shared__ float sq[kTmmaRows][kD];
 #pragma unroll
-    for (int r = 0; r < kTmmaRows; ++r) sq[r][ch] = qx[r];
+  for (int r = 0; r < kTmmaRows; ++r) {
+    qx[r] *= qscale;
+    sq[r][threadIdx.x] = qx[r];
   }
   __syncthreads();
   {
