@@ -75,6 +75,9 @@ std::vector<Case> cases() {
       {gpu_config(128, 5, 128, 2, 2, MetaType::fp8_e4m3), 1, 2, 400, {400}},
       {gpu_config(64, 3, 128, 4, 4, MetaType::fp32), 2, 1, 300, {150, 150}},
       {gpu_config(64, 2, 128, 1, 1, MetaType::fp16), 1, 1, 200, {200}},
+      // a long exact tail (the combine kernel's exact tokens: hundreds a row) and group 64 for the dp4a kernels
+      {gpu_config(512, 7, 128, 2, 2, MetaType::fp16), 1, 2, 1400, {1000, 400}},
+      {gpu_config(128, 3, 64, 2, 2, MetaType::fp8_e4m3), 1, 2, 500, {500}},
   };
 }
 

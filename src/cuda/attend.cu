@@ -660,6 +660,8 @@ struct WarpCopy {
 // streamed through the kStages-deep shared-memory ring: start() fills the
 // first stages; acquire(tile) waits for a tile, starts the copy of the one
 // kStages - 1 ahead and returns the tile's stage (tiles are issued in order).
+// The copy goes to the stage of tile - 1, which every warp has finished with
+// when it reaches acquire's barrier: the loops need no barrier of their own.
 // When the window is a multiple of TILE (the usual case: every tile is whole
 // and inside one slot, since ranges start at multiples of TILE and end at
 // one or at the flush frontier, a multiple of the window) each warp keeps
@@ -821,7 +823,6 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
       }
       st.add_packed_values(vc, vs, vl, pw);
     }
-    __syncthreads();  // the stage is refilled two tiles later
   }
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
@@ -829,18 +830,23 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
 // ---- the dp4a kernel with one token per lane for the scalar work ----
 //
 // attn_fast_kernel's layout (8 lanes per token, 16 channels a lane, 8 tokens
-// per group and tile), for metadata groups of 128 channels (one scale and
-// minimum per token). Each lane's 8 integer partial scores are summed over
-// the group's 8 lanes by a reduce-scatter (distance 4, 2, 1: 7 shuffles and
-// 7 adds instead of 24 and 24), after which lane j holds the whole integer
-// score of the group's token j and does that token's scalar work alone:
-// metadata, score, mask, exponential, value weight and its 16-bit rounding.
-// The 8 rounded weights come back to every lane of the group by an
-// all-gather (4 shuffles) for the dp4a value sums, which are those of
-// attn_fast_kernel. The softmax sum l and the value minima's sum lacc stay
-// per lane (its own tokens) and are summed over the group at the end.
+// per group and tile), for metadata groups of 32, 64 or 128 channels (whole
+// lanes). Each lane's 8 partial scores are summed over the group's 8 lanes by
+// a reduce-scatter (distance 4, 2, 1: 7 shuffles and 7 adds instead of 24 and
+// 24), after which lane j holds the whole score of the group's token j and
+// does that token's scalar work alone: score, mask, exponential. With one
+// metadata group a row (128) the partial sums are integers, scaled once by
+// the token's scale and minimum, and lane j also forms its token's value
+// weight and its 16-bit rounding; the 8 rounded weights come back to every
+// lane by an all-gather (4 shuffles). With smaller groups each lane scales
+// its partial sums by its own group's key scale and minimum before the
+// (float) reduce-scatter, and gets the 8 exponentials back (8 shuffles) to
+// form and round the weights with its own group's value scales. The dp4a
+// value sums are those of attn_fast_kernel. The softmax sum l stays per lane
+// (its own tokens) and is summed over the group at the end, as is the value
+// minima's sum lacc at group 128 (smaller groups: each lane's own).
 // Every shuffle runs on all 32 lanes: nothing that precedes one branches.
-template <int KB, int VB, int NQ, int META>
+template <int KB, int VB, int NQ, int META, int GS>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
@@ -850,7 +856,9 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes (one per token: groups of 128)
+  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
+  static_assert(GS == 32 || GS == 64 || GS == 128, "metadata groups of whole lanes");
+  constexpr int kG = kD / GS;  // metadata groups a row
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   // The query loads go out first, then the first tiles' copies, then the
   // query setup that waits for the loads (it overlaps the copies).
@@ -871,6 +879,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
     auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
     const int lo = rel(p.sinks);
     const int mine = lane * kGroups + grp;  // the token this lane scores (local row of the tile)
+    const int kgrp = (lane * kCPL) / GS;    // this lane's metadata group (GS < 128)
 
     // integer partial scores of the group's 8 tokens over this lane's channels
     int part[NQ][kSub];
@@ -881,28 +890,58 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
 #pragma unroll
       for (int n = 0; n < NQ; ++n) part[n][u] = st.template packed_dot<KB>(kc, n);  // 8 of them: |sum| < 2^31
     }
-    // reduce-scatter over the group: lane j ends with token j's whole sum
-    const float ksc = load_meta(stage + lay.ksc + mine * mb, META), klo = load_meta(stage + lay.klo + mine * mb, META);
+    // Reduce-scatter over the group: lane j ends with token j's whole score.
+    // One metadata group a row (GS 128): the integer sums first, then token
+    // j's scale; smaller groups: each lane scales its own partial sums by its
+    // group's scale and minimum first and the floats are summed.
+    const float ksc = GS == 128 ? load_meta(stage + lay.ksc + mine * mb, META) : 0.0f;
+    const float klo = GS == 128 ? load_meta(stage + lay.klo + mine * mb, META) : 0.0f;
     const bool ok = mine < live;  // rows past it hold stale bytes (weight 0; metadata could be NaN)
-    const float vsc = ok ? load_meta(stage + lay.vsc + mine * mb, META) : 0.0f;
-    const float vlo = ok ? load_meta(stage + lay.vlo + mine * mb, META) : 0.0f;
+    const float vsc = GS == 128 && ok ? load_meta(stage + lay.vsc + mine * mb, META) : 0.0f;
+    const float vlo = GS == 128 && ok ? load_meta(stage + lay.vlo + mine * mb, META) : 0.0f;
+    float kscale[kSub], kmin[kSub];  // GS < 128: this lane's group, each of the 8 tokens
+    if constexpr (GS < 128) {
+#pragma unroll
+      for (int u = 0; u < kSub; ++u) {
+        const int mo = ((u * kGroups + grp) * kG + kgrp) * mb;
+        kscale[u] = load_meta(stage + lay.ksc + mo, META), kmin[u] = load_meta(stage + lay.klo + mo, META);
+      }
+    }
     unsigned wl[NQ][2], wh[NQ][2];
     float sw[NQ];
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
-      int r4[4], r2[2];
+      float sc;
+      if constexpr (GS == 128) {
+        int r4[4], r2[2];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int keep = b4 ? part[n][k + 4] : part[n][k], give = b4 ? part[n][k] : part[n][k + 4];
-        r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
-      }
+        for (int k = 0; k < 4; ++k) {
+          const int keep = b4 ? part[n][k + 4] : part[n][k], give = b4 ? part[n][k] : part[n][k + 4];
+          r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
+        }
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
-        r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+        for (int k = 0; k < 2; ++k) {
+          const int keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
+          r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+        }
+        const int total = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
+        sc = fmaf(ksc * st.qstep[n], static_cast<float>(total), klo * qsum[n]);
+      } else {
+        float f[kSub], r4[4], r2[2];
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) f[u] = fmaf(kscale[u] * st.qstep[n], static_cast<float>(part[n][u]), kmin[u] * st.qs[n]);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float keep = b4 ? f[k + 4] : f[k], give = b4 ? f[k] : f[k + 4];
+          r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
+          r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
+        }
+        sc = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
       }
-      const int total = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
-      const float sc = fmaf(ksc * st.qstep[n], static_cast<float>(total), klo * qsum[n]);
       const bool visible = mine >= lo && mine <= min(rel(st.limit[n]), live - 1);
       const float s = visible ? sc : -INFINITY;
 
@@ -916,29 +955,58 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
       const float pw = none ? 0.0f : fast_exp2(s - mnew);
       st.m[n] = mnew;
       st.l[n] = fmaf(st.l[n], corr, pw);
-      st.lacc[n] = fmaf(st.lacc[n], corr, pw * vlo);
+      if constexpr (GS == 128) st.lacc[n] = fmaf(st.lacc[n], corr, pw * vlo);
       if (corr != 1.0f) {
 #pragma unroll
         for (int c = 0; c < kCPL; ++c) st.acc[n][c] *= corr;
       }
 
-      // this token's weight rounded to 16 bits against the group's maximum,
-      // then all 8 weights to every lane: quad q's low / high bytes in wl / wh
-      const float u = pw * vsc;
-      float umax = fmaxf(u, __shfl_xor_sync(0xffffffffu, u, 1));
-      umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
-      umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
-      const W16 w16 = w16_of(umax);
-      sw[n] = w16.step;
-      const unsigned r = w16.round(u);
-      const unsigned r1 = __shfl_xor_sync(0xffffffffu, r, 1);
-      const unsigned pair = b1 ? __byte_perm(r1, r, 0x5410) : __byte_perm(r, r1, 0x5410);  // tokens 2k, 2k + 1
-      const unsigned pair2 = __shfl_xor_sync(0xffffffffu, pair, 2);
-      const unsigned qa = b2 ? pair2 : pair, qb = b2 ? pair : pair2;  // tokens 4j..4j+1, 4j+2..4j+3
-      const unsigned ya = __shfl_xor_sync(0xffffffffu, qa, 4), yb = __shfl_xor_sync(0xffffffffu, qb, 4);
-      const unsigned q0a = b4 ? ya : qa, q0b = b4 ? yb : qb, q1a = b4 ? qa : ya, q1b = b4 ? qb : yb;
-      wl[n][0] = __byte_perm(q0a, q0b, 0x6420), wh[n][0] = __byte_perm(q0a, q0b, 0x7531);
-      wl[n][1] = __byte_perm(q1a, q1b, 0x6420), wh[n][1] = __byte_perm(q1a, q1b, 0x7531);
+      if constexpr (GS == 128) {
+        // this token's weight rounded to 16 bits against the group's maximum,
+        // then all 8 weights to every lane: quad q's low / high bytes in wl / wh
+        const float u = pw * vsc;
+        float umax = fmaxf(u, __shfl_xor_sync(0xffffffffu, u, 1));
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
+        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
+        const W16 w16 = w16_of(umax);
+        sw[n] = w16.step;
+        const unsigned r = w16.round(u);
+        const unsigned r1 = __shfl_xor_sync(0xffffffffu, r, 1);
+        const unsigned pair = b1 ? __byte_perm(r1, r, 0x5410) : __byte_perm(r, r1, 0x5410);  // tokens 2k, 2k + 1
+        const unsigned pair2 = __shfl_xor_sync(0xffffffffu, pair, 2);
+        const unsigned qa = b2 ? pair2 : pair, qb = b2 ? pair : pair2;  // tokens 4j..4j+1, 4j+2..4j+3
+        const unsigned ya = __shfl_xor_sync(0xffffffffu, qa, 4), yb = __shfl_xor_sync(0xffffffffu, qb, 4);
+        const unsigned q0a = b4 ? ya : qa, q0b = b4 ? yb : qb, q1a = b4 ? qa : ya, q1b = b4 ? qb : yb;
+        wl[n][0] = __byte_perm(q0a, q0b, 0x6420), wh[n][0] = __byte_perm(q0a, q0b, 0x7531);
+        wl[n][1] = __byte_perm(q1a, q1b, 0x6420), wh[n][1] = __byte_perm(q1a, q1b, 0x7531);
+      } else {
+        // the 8 tokens' weights to every lane (token u is lane u's), then per
+        // lane its value group's scales: weights rounded to 16 bits against
+        // this lane's maximum, and its own sum of p * minimum
+        float pws[kSub], uu[kSub], umax = 0.0f, lsum = 0.0f;
+        const int base = (threadIdx.x % 32) & ~(kLanes - 1);
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) pws[u] = __shfl_sync(0xffffffffu, pw, base + u);
+#pragma unroll
+        for (int u = 0; u < kSub; ++u) {
+          const int local = u * kGroups + grp, mo = (local * kG + kgrp) * mb;
+          const bool live_u = local < live;  // stale rows: weight 0, metadata could be NaN
+          const float vs = live_u ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+          const float vl = live_u ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
+          uu[u] = pws[u] * vs;
+          umax = fmaxf(umax, uu[u]);
+          lsum = fmaf(pws[u], vl, lsum);
+        }
+        st.lacc[n] = fmaf(st.lacc[n], corr, lsum);
+        const W16 w16 = w16_of(umax);
+        sw[n] = w16.step;
+#pragma unroll
+        for (int qd = 0; qd < 2; ++qd) {
+          const unsigned p01 = __byte_perm(w16.round(uu[4 * qd]), w16.round(uu[4 * qd + 1]), 0x5410);
+          const unsigned p23 = __byte_perm(w16.round(uu[4 * qd + 2]), w16.round(uu[4 * qd + 3]), 0x5410);
+          wl[n][qd] = __byte_perm(p01, p23, 0x6420), wh[n][qd] = __byte_perm(p01, p23, 0x7531);
+        }
+      }
     }
 
     // values: the group's 8 tokens transposed four at a time (attn_fast_kernel's dp4a sums)
@@ -970,10 +1038,12 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
         const float unit = sw[n] * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
         st.acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), st.acc[n][c]);
       }
-    __syncthreads();  // the stage is refilled two tiles later
   }
 #pragma unroll
-  for (int n = 0; n < NQ; ++n) st.l[n] = group_sum(st.l[n]), st.lacc[n] = group_sum(st.lacc[n]);
+  for (int n = 0; n < NQ; ++n) {
+    st.l[n] = group_sum(st.l[n]);
+    if (GS == 128) st.lacc[n] = group_sum(st.lacc[n]);  // smaller groups: each lane's own group already
+  }
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
@@ -1248,7 +1318,6 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
         }
       }
     }
-    __syncthreads();  // the stage is refilled two tiles later
   }
 
   // merge the 4 warps in shared memory; one partial per row
@@ -1569,15 +1638,15 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         acc[set][q][1] = fmaf(u1, static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
       }
     }
-    __syncthreads();  // the stage is refilled two tiles later
   }
 
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
   // The warps' accumulators in the ring: every copy into it has landed (the
   // last acquire waited for all but the empty groups committed after it) and
-  // the loop ends at a barrier.
+  // no warp reads a stage any more after this barrier.
   cp_async_wait_all();
+  __syncthreads();
   float(&sm_acc)[4][kTmmaRows][kD] = *reinterpret_cast<float(*)[4][kTmmaRows][kD]>(ring);
 #pragma unroll
   for (int x = 4; x <= 16; x *= 2) {
@@ -1832,7 +1901,6 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
         o[c][0] = cc[0], o[c][1] = cc[1];
       }
     }
-    __syncthreads();
   }
   // ---- merge the 4 warps: per row gid: m, l (quad sums), o + lo terms
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -2040,11 +2108,11 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
 // Which pipelined kernel takes the packed body. The integer tensor-core
 // kernels need value n-tiles inside one metadata group (groups of 32, 64 or
 // 128 channels); the token-major one also values of 2 or 4 bits.
-// The one-token-per-lane dp4a kernel needs one metadata group a row (128).
+// The one-token-per-lane dp4a kernel needs groups of whole lanes (32, 64, 128).
 // SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
 // benchmarks). By default (measured, docs/performance.md): one or two rows per
-// KV head (multi-head decode) through attn_rs_kernel at group 128, else
-// attn_fast_kernel; three or four (grouped-query decode) through
+// KV head (multi-head decode) through attn_rs_kernel at groups of 32, 64 and
+// 128, else attn_fast_kernel; three or four (grouped-query decode) through
 // attn_tmma_kernel, more (wider groups, prefill) through attn_imma_kernel, 8
 // rows a launch.
 enum class Body { fast, imma, tmma, rs };
@@ -2059,7 +2127,7 @@ int body_override() {  // -1: none
 Body body_kernel(const AttnParams& p) {
   const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
   const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4);
-  const bool rs = p.group == 128;  // one metadata group a row: one scale per token
+  const bool rs = groups;  // metadata groups of whole lanes (16 channels)
   const int rows = (p.Hq / p.Hkv) * p.Sq;
   switch (body_override()) {
     case 0: return Body::fast;
@@ -2110,8 +2178,14 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
     }
   }
   if (body_kernel(p) == Body::rs) {
-    if (nq == 2) by_meta(attn_rs_kernel<KB, VB, 2, 0>, attn_rs_kernel<KB, VB, 2, 1>, attn_rs_kernel<KB, VB, 2, 2>);
-    else by_meta(attn_rs_kernel<KB, VB, 1, 0>, attn_rs_kernel<KB, VB, 1, 1>, attn_rs_kernel<KB, VB, 1, 2>);
+    auto rows = [&](auto gs) {
+      constexpr int GS = decltype(gs)::value;
+      if (nq == 2) by_meta(attn_rs_kernel<KB, VB, 2, 0, GS>, attn_rs_kernel<KB, VB, 2, 1, GS>, attn_rs_kernel<KB, VB, 2, 2, GS>);
+      else by_meta(attn_rs_kernel<KB, VB, 1, 0, GS>, attn_rs_kernel<KB, VB, 1, 1, GS>, attn_rs_kernel<KB, VB, 1, 2, GS>);
+    };
+    if (p.group == 32) rows(std::integral_constant<int, 32>{});
+    else if (p.group == 64) rows(std::integral_constant<int, 64>{});
+    else rows(std::integral_constant<int, 128>{});
     return;
   }
   if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
