@@ -90,10 +90,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-// The integer forms shared by the dp4a and tensor-core paths (docs/numerics.md):
-// q rounded to 16 bits against its row's max |q| as a high and a low byte
-// (q ~ (256 hi + lo) * step), and value weights rounded to 16 unsigned bits
-// against their block's maximum (u ~ r * step).
 // Programmatic dependent launch (sm_90): the pipelined kernels let the
 // combine kernel start while they run (each block signals at its start, so
 // the combine grid launches once the last wave of the body is resident), and
@@ -111,6 +107,10 @@ __device__ __forceinline__ void wait_prerequisites() {
 #endif
 }
 
+// The integer forms shared by the dp4a and tensor-core paths (docs/numerics.md):
+// q rounded to 16 bits against its row's max |q| as a high and a low byte
+// (q ~ (256 hi + lo) * step), and value weights rounded to 16 unsigned bits
+// against their block's maximum (u ~ r * step).
 __device__ __forceinline__ float q16_step(float qmax) { return qmax > 0.0f ? qmax / 32512.0f : 1.0f; }
 __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo) {
   const int r = static_cast<int>(fminf(fmaxf(rintf(x / step), -32512.0f), 32512.0f));
@@ -208,24 +208,11 @@ struct GroupState {
 #pragma unroll
       for (int c = 0; c < kCPL; ++c) {
         const int j = lane * kCPL + c;
-        q[n][c] = valid ? qrow[kperm ? kperm[j] : j] : 0.0f;  // raw: scaled by scale_q
+        q[n][c] = valid ? qrow[kperm ? kperm[j] : j] : 0.0f;  // raw: scaled by init_int
       }
       m[n] = -INFINITY, l[n] = 0.0f, lacc[n] = 0.0f, wsum[n] = 0.0f;
 #pragma unroll
       for (int c = 0; c < kCPL; ++c) acc[n][c] = 0.0f;
-    }
-  }
-  // q to log2 units and its sums. Apart from init, which only issues the
-  // loads, so that a kernel can start its tile copies in between.
-  __device__ __forceinline__ void scale_q(const AttnParams& p) {
-#pragma unroll
-    for (int n = 0; n < NQ; ++n) {
-      qs[n] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < kCPL; ++c) {
-        q[n][c] *= p.scale * 1.4426950408889634f;
-        qs[n] += q[n][c];
-      }
     }
   }
   // Packed keys take q rounded to 16 bits, qi = round(q / qstep) with
@@ -236,11 +223,19 @@ struct GroupState {
   // instead of 3 float operations per code (docs/numerics.md bounds the error).
   int qh[NQ][8], ql[NQ][8];
   float qstep[NQ];
+  // init_int first brings q (init only issues its loads, so that a kernel can
+  // start its tile copies in between) to log2 units and sums it.
   template <int KB>
-  __device__ __forceinline__ void init_int() {
+  __device__ __forceinline__ void init_int(const AttnParams& p) {
     constexpr int kPerByte = 8 / KB, kWords = LaneCodes<KB>::kWords;
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
+      qs[n] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kCPL; ++c) {
+        q[n][c] *= p.scale * 1.4426950408889634f;
+        qs[n] += q[n][c];
+      }
       float qmax = 0.0f;
 #pragma unroll
       for (int c = 0; c < kCPL; ++c) qmax = fmaxf(qmax, fabsf(q[n][c]));
@@ -502,8 +497,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   const int* vperm = (!DENSE && p.v.perm) ? p.v.perm + h * kD : nullptr;
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, kperm);
-  st.scale_q(p);
-  st.template init_int<KB>();
+  st.template init_int<KB>(p);
   const int mb = p.meta_bytes;
   const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
@@ -779,8 +773,7 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
-  st.scale_q(p);
-  st.template init_int<KB>();
+  st.template init_int<KB>(p);
   const int kgrp = (lane * kCPL) / p.group;
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -827,6 +820,19 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
+// Reduce-scatter over the 8 lanes of a group (distance 4, 2, 1: 7 shuffles
+// and 7 adds): lane j of the group returns the group's sum of x[j].
+template <typename T>
+__device__ __forceinline__ T reduce_scatter8(const T (&x)[8], int lane) {
+  const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
+  T r4[4], r2[2];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) r4[k] = (b4 ? x[k + 4] : x[k]) + __shfl_xor_sync(0xffffffffu, b4 ? x[k] : x[k + 4], 4);
+#pragma unroll
+  for (int k = 0; k < 2; ++k) r2[k] = (b2 ? r4[k + 2] : r4[k]) + __shfl_xor_sync(0xffffffffu, b2 ? r4[k] : r4[k + 2], 2);
+  return (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
+}
+
 // ---- the dp4a kernel with one token per lane for the scalar work ----
 //
 // attn_fast_kernel's layout (8 lanes per token, 16 channels a lane, 8 tokens
@@ -866,8 +872,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
   const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
-  st.scale_q(p);
-  st.template init_int<KB>();
+  st.template init_int<KB>(p);
   float qsum[NQ];  // the whole row's sum of q (times the key minimum: one group)
 #pragma unroll
   for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
@@ -913,34 +918,13 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
     for (int n = 0; n < NQ; ++n) {
       float sc;
       if constexpr (GS == 128) {
-        int r4[4], r2[2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int keep = b4 ? part[n][k + 4] : part[n][k], give = b4 ? part[n][k] : part[n][k + 4];
-          r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
-          r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
-        }
-        const int total = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
+        const int total = reduce_scatter8(part[n], lane);
         sc = fmaf(ksc * st.qstep[n], static_cast<float>(total), klo * qsum[n]);
       } else {
-        float f[kSub], r4[4], r2[2];
+        float f[kSub];
 #pragma unroll
         for (int u = 0; u < kSub; ++u) f[u] = fmaf(kscale[u] * st.qstep[n], static_cast<float>(part[n][u]), kmin[u] * st.qs[n]);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float keep = b4 ? f[k + 4] : f[k], give = b4 ? f[k] : f[k + 4];
-          r4[k] = keep + __shfl_xor_sync(0xffffffffu, give, 4);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float keep = b2 ? r4[k + 2] : r4[k], give = b2 ? r4[k] : r4[k + 2];
-          r2[k] = keep + __shfl_xor_sync(0xffffffffu, give, 2);
-        }
-        sc = (b1 ? r2[1] : r2[0]) + __shfl_xor_sync(0xffffffffu, b1 ? r2[0] : r2[1], 1);
+        sc = reduce_scatter8(f, lane);
       }
       const bool visible = mine >= lo && mine <= min(rel(st.limit[n]), live - 1);
       const float s = visible ? sc : -INFINITY;
@@ -2362,8 +2346,6 @@ int choose_splits(const AttnParams& p, int requested) {
   return static_cast<int>(splits);
 }
 
-
-
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
@@ -2393,9 +2375,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
   }
   const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
-  bool supported = dense;
-  with_bits(kb, vb, [&](auto, auto) { supported = true; });
-  if (!supported)
+  if (!dense && !with_bits(kb, vb, [](auto, auto) {}))
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
