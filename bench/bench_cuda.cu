@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -274,6 +275,37 @@ void one(int B, int Hkv, std::int64_t T) {
                          }) / 20;
   std::printf("B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", B, Hkv, static_cast<long long>(T),
               one_ms, many_ms);
+  // Host time to enqueue a call, and of its parts' kinds, 200 each (the device runs behind).
+  const auto host_us = [](const std::function<void()>& fn) {
+    CHECK(cudaDeviceSynchronize());
+    const auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < 200; ++i) fn();
+    const auto b = std::chrono::steady_clock::now();
+    CHECK(cudaDeviceSynchronize());
+    return std::chrono::duration<double, std::micro>(b - a).count() / 200;
+  };
+  cudaMemPool_t pool;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  CHECK(cudaMemPoolCreate(&pool, &props));
+  std::uint64_t keep = UINT64_MAX;
+  CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  const double attend_us = host_us([&] { c.attend_device(q, 32, 1, 0.088f, out); });
+  const double pool_us = host_us([&] {
+    void* w = nullptr;
+    CHECK(cudaMallocFromPoolAsync(&w, 1 << 20, pool, 0));
+    CHECK(cudaFreeAsync(w, 0));
+  });
+  const double launch_us = host_us([&] { fill_random_f32<<<1, 32>>>(out, 32, 1); });
+  int dev = 0, sms = 0;
+  const double attr_us = host_us([&] {
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  });
+  std::printf("host us a call: attend_device %.2f; pool alloc + free %.2f; a kernel launch %.2f; device + attribute query %.2f\n",
+              attend_us, pool_us, launch_us, attr_us);
+  CHECK(cudaMemPoolDestroy(pool));
 }
 
 int main(int argc, char** argv) {

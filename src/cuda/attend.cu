@@ -2036,8 +2036,9 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 
 // One block per query row: the splits' maxima and weights in shared memory
 // first (any number of splits), then each thread sums one channel over the
-// splits, 32 independent (predicated) loads in flight at a time (with 4 at
-// a time, 66 splits took ~11 us: one memory latency per 4). EXACT: the row's
+// splits, 64 independent (predicated) loads in flight at a time, the first 64
+// issued before the weights (with 4 at a time, 66 splits took ~11 us: one
+// memory latency per 4). EXACT: the row's
 // sinks and tail enter here as one more part, attended before the wait for
 // the pipelined kernel (exact_row), so that they overlap it.
 template <bool EXACT>
@@ -2060,31 +2061,37 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
   wait_prerequisites();
   const float* ms = p.ws_m + qrow * p.splits;
   const float* ls = p.ws_l + qrow * p.splits;
+  const float* acc = p.ws_acc + qrow * p.splits * kD + j;
+  // The first kU splits' partial sums go out before the weights are known,
+  // with the maxima and sums, so that one memory latency covers them all
+  // (up to kU splits; one more per kU after).
+  constexpr int kU = 64;
+  float x[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) x[u] = u < p.splits ? acc[u * kD] : 0.0f;
   float M = Me;
-  for (int s = j; s < p.splits; s += kD) M = fmaxf(M, ms[s]);
+  for (int s = j; s < p.splits; s += kD) {
+    M = fmaxf(M, ms[s]);
+    sw[s] = ls[s];
+  }
   M = combine_reduce<true>(M, red);
   float L = 0.0f;
-  for (int s = j; s < p.splits; s += kD) {
+  for (int s = j; s < p.splits; s += kD) {  // (sw[s] is this thread's own)
     const float w = ms[s] == -INFINITY ? 0.0f : fast_exp2(ms[s] - M);
+    L += sw[s] * w;
     sw[s] = w;
-    L += ls[s] * w;
   }
   L = combine_reduce<false>(L, red);  // (its barrier also publishes sw)
   const float we = Me == -INFINITY ? 0.0f : fast_exp2(Me - M);
   L = fmaf(Le, we, L);
-  const float* acc = p.ws_acc + qrow * p.splits * kD + j;
-  constexpr int kU = 32;
   float A[4] = {Ae * we, 0.0f, 0.0f, 0.0f};
   for (int s = 0; s < p.splits; s += kU) {
-    float x[kU], w[kU];
+    if (s > 0) {
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const bool in = s + u < p.splits;
-      x[u] = in ? acc[(s + u) * kD] : 0.0f;
-      w[u] = in ? sw[s + u] : 0.0f;
+      for (int u = 0; u < kU; ++u) x[u] = s + u < p.splits ? acc[(s + u) * kD] : 0.0f;
     }
 #pragma unroll
-    for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], w[u], A[u % 4]);
+    for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], s + u < p.splits ? sw[s + u] : 0.0f, A[u % 4]);
   }
   out[qrow * kD + dst] = ((A[0] + A[1]) + (A[2] + A[3])) / L;
 }
@@ -2282,30 +2289,32 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
   }
 }
 
-// The workspace pool of the current device: stream-ordered allocations that
-// keep their memory when streams synchronize. The device's default pool
-// returns unused memory at every synchronization (release threshold 0), so a
-// decode step after a synchronize paid ~60 us of remapping before its first
-// kernel could start; this pool is the library's own and leaves the default
-// pool's settings alone.
-cudaMemPool_t workspace_pool() {
+// The workspace (split partials) of the current device. Every attention call
+// is enqueued on the legacy default stream, so calls never overlap on the
+// device and one buffer, grown when a call needs more, serves them all. The
+// lock that comes with it is held while the call enqueues its kernels, so a
+// growth by another thread (cudaFree waits for the device) cannot free the
+// buffer between a call's lookup and its launches. A stream-ordered
+// allocation and free per call cost 2-2.5 us of host time before the first
+// kernel could start (docs/performance.md, session 13).
+struct Workspace {
+  std::unique_lock<std::mutex> lock;
+  float* ptr = nullptr;
+};
+Workspace workspace(std::size_t bytes) {
   static std::mutex mu;
-  static std::map<int, cudaMemPool_t> pools;
+  static std::map<int, std::pair<void*, std::size_t>> buffers;  // per device; kept until the process ends
   int dev = 0;
   SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mu);
-  cudaMemPool_t& pool = pools[dev];
-  if (pool == nullptr) {
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.handleTypes = cudaMemHandleTypeNone;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    SKVQ_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
-    std::uint64_t keep = UINT64_MAX;
-    SKVQ_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  std::unique_lock<std::mutex> lock(mu);
+  auto& [ptr, size] = buffers[dev];
+  if (size < bytes) {
+    if (ptr != nullptr) SKVQ_CUDA_CHECK(cudaFree(ptr));
+    ptr = nullptr, size = 0;
+    SKVQ_CUDA_CHECK(cudaMalloc(&ptr, bytes));
+    size = bytes;
   }
-  return pool;
+  return {std::move(lock), static_cast<float*>(ptr)};
 }
 
 // Programmatic dependent launch needs compute capability 9.0 (checked once per device).
@@ -2346,7 +2355,8 @@ int choose_splits(const AttnParams& p, int requested) {
   return static_cast<int>(splits);
 }
 
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out) {
+  const cudaStream_t stream = 0;  // the legacy default stream (see workspace())
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
     int sh = 0;
@@ -2379,9 +2389,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
-  float* ws = nullptr;
-  const std::size_t ws_bytes = static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float);
-  SKVQ_CUDA_CHECK(cudaMallocFromPoolAsync(&ws, ws_bytes, workspace_pool(), stream));
+  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float));
+  float* ws = w.ptr;
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
   p.ws_acc = ws + 2 * rows * p.splits;
@@ -2411,7 +2420,6 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   cfg.attrs = &attr;
   cfg.numAttrs = fast && dependent_launch_supported() ? 1 : 0;
   SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine, static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out));
-  SKVQ_CUDA_CHECK(cudaFreeAsync(ws, stream));
 }
 
 }  // namespace skvq::cuda

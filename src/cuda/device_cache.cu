@@ -256,7 +256,7 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
   p.kv_len = d.offset;
   p.scale = scale;
   if (!d.cfg.reorder || d.q_end == 0) p.k.perm = p.v.perm = nullptr;  // no permutation before the first flush
-  run_attention(p, false, num_splits, out, 0);
+  run_attention(p, false, num_splits, out);
 }
 
 Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
@@ -392,7 +392,7 @@ void attend_dense_fp16(const float* q, const void* k, const void* v, float* out,
   p.sinks = 0;
   p.window = 1;
   p.scale = scale;
-  run_attention(p, true, num_splits, out, 0);
+  run_attention(p, true, num_splits, out);
 }
 
 }  // namespace skvq::cuda

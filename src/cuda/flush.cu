@@ -206,17 +206,21 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
   constexpr int kPer = 16 / BITS;  // codes per 16-bit word
   constexpr float levels = static_cast<float>((1 << BITS) - 1);
   const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+  // Without the division the code comes as the bits of code + 1.5 * 2^23:
+  // the code in the low bits, the constant's bits from bit 22 up, so shifted
+  // (by at most 15) and summed they stay above the word's 16 bits and one
+  // shift-and-add (LEA) a code packs it.
   const auto bits_of = [&](float x) {
     if constexpr (kDivide) return static_cast<unsigned>(code_by_division(x, lo, scale, levels));
-    return __float_as_uint(code_plus_round(x, lo, scale, inv, levels)) & ((1u << BITS) - 1);
+    return __float_as_uint(code_plus_round(x, lo, scale, inv, levels));
   };
   for (int w = 0; w < n / kPer; ++w) {
     unsigned acc = 0;
 #pragma unroll
     for (int e = 0; e < kPer; e += 2) {
       const float2 v = __half22float2(x2[(w * kPer + e) / 2]);
-      acc |= bits_of(v.x) << (e * BITS);
-      acc |= bits_of(v.y) << ((e + 1) * BITS);
+      acc += bits_of(v.x) << (e * BITS);
+      acc += bits_of(v.y) << ((e + 1) * BITS);
     }
     out16[w] = static_cast<unsigned short>(acc);
   }

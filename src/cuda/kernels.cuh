@@ -7,8 +7,8 @@
 
 namespace skvq::cuda {
 
-// Split-K attention + combine; out [B, Hq, Sq, D] fp32 (device).
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
+// Split-K attention + combine on the legacy default stream; out [B, Hq, Sq, D] fp32 (device).
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out);
 int choose_splits(const AttnParams& p, int requested);
 bool mma_enabled();
 
