@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
@@ -132,20 +133,23 @@ struct GroupSlots {
     if (g & 1) f(__half2float(xs[g - 1]));
   }
   // Smallest and largest slot, compared as fp16 pairs (exact; NaN ignored
-  // unless all are NaN, as fminf and fmaxf do).
-  __device__ __forceinline__ void min_max(float& mn, float& mx) const {
+  // unless all are NaN, as fminf and fmaxf do), and whether any slot is NaN.
+  __device__ __forceinline__ void min_max(float& mn, float& mx, bool& any_nan) const {
     const __half2* x2 = reinterpret_cast<const __half2*>(xs);
-    __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2;
+    __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2, nan2 = lo2;
 #pragma unroll 8
     for (int i = 0; i < g / 2; ++i) {
       lo2 = __hmin2(lo2, x2[i]);
       hi2 = __hmax2(hi2, x2[i]);
+      nan2 = __hmax2_nan(nan2, x2[i]);
     }
     mn = fminf(__low2float(lo2), __high2float(lo2));
     mx = fmaxf(__low2float(hi2), __high2float(hi2));
+    any_nan = __hisnan(__low2half(nan2)) || __hisnan(__high2half(nan2));
     if (g & 1) {
       mn = fminf(mn, __half2float(xs[g - 1]));
       mx = fmaxf(mx, __half2float(xs[g - 1]));
+      any_nan = any_nan || __hisnan(xs[g - 1]);
     }
   }
 };
@@ -155,12 +159,15 @@ struct GroupSlots {
 template <int NA>
 struct Factors {
   float lo[NA], scale[NA], inv[NA];
+  // tt / levels correctly rounded by quotient_rn (levels a constant; a tt
+  // small enough to underflow in it gives a quotient far below the 1e-8 floor)
   __device__ __forceinline__ Factors(const FlushParams& f, float mid, float rng, float levels) {
+    const float inv_levels = 1.0f / levels;
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
       const float tt = __fmul_rn(f.grid[a], rng);
       lo[a] = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
-      scale[a] = fmaxf(__fdiv_rn(tt, levels), 1e-8f);
+      scale[a] = fmaxf(quotient_rn(tt, levels, inv_levels), 1e-8f);
       round_meta(f.meta, lo[a], scale[a]);
       inv[a] = __frcp_rn(scale[a]);
     }
@@ -201,7 +208,9 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
 }
 
 // Packs the codes of n slots (n * BITS a multiple of 16) into out16, 16 bits a word.
-template <int BITS, bool kDivide>
+// !kClamp: the caller knows every quotient lies in [-0.5, levels + 0.5), where
+// rint needs no clamp (see quant_kernel).
+template <int BITS, bool kDivide, bool kClamp = true>
 __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16) {
   constexpr int kPer = 16 / BITS;  // codes per 16-bit word
   constexpr float levels = static_cast<float>((1 << BITS) - 1);
@@ -212,6 +221,7 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
   // shift-and-add (LEA) a code packs it.
   const auto bits_of = [&](float x) {
     if constexpr (kDivide) return static_cast<unsigned>(code_by_division(x, lo, scale, levels));
+    if constexpr (!kClamp) return __float_as_uint(__fadd_rn(quotient_rn(__fsub_rn(x, lo), scale, inv), kRound));
     return __float_as_uint(code_plus_round(x, lo, scale, inv, levels));
   };
   for (int w = 0; w < n / kPer; ++w) {
@@ -228,27 +238,74 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
 
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
 // permuted, padded) with a row stride of an odd number of words, so that the
-// threads of a warp (one row each) read distinct banks; the channel -> slot
-// map; the block's packed code rows.
+// threads of a warp (one row each) read distinct banks; the block's packed
+// code rows (odd word strides too), with the channel -> slot map in their
+// place while the rows are staged. At group 128 and 2 bits 37888 bytes: six
+// blocks an SM.
 struct FlushLayout {
   int R = 0, stride = 0;  // rows per block, row stride in halves
+  int out_stride = 0;     // bytes a packed code row: an odd number of words (the threads of a warp write distinct banks)
   std::size_t inv_at = 0, out_at = 0, bytes = 0;
   __host__ __device__ FlushLayout(int rows, int P, int D, std::int64_t row_bytes) : R(rows) {
     stride = (P + 1) / 2 * 2;
     if ((stride / 2) % 2 == 0) stride += 2;
-    inv_at = static_cast<std::size_t>(R) * stride * 2;
-    out_at = (inv_at + static_cast<std::size_t>(D) * 2 + 15) / 16 * 16;
-    bytes = out_at + static_cast<std::size_t>(R) * row_bytes;
+    out_at = (static_cast<std::size_t>(R) * stride * 2 + 15) / 16 * 16;
+    inv_at = out_at;  // the slot map is read only while staging, the code rows written only after it
+    out_stride = static_cast<int>((row_bytes + 3) / 4 * 4);
+    if ((out_stride / 4) % 2 == 0) out_stride += 4;
+    bytes = out_at + std::max(static_cast<std::size_t>(R) * out_stride, static_cast<std::size_t>(D) * 2);
   }
 };
+
+// The staging of quant_kernel for its usual shape (D = 128, no padding, 128
+// threads) with the strides as constants: thread tid keeps to the 8-channel
+// column tid % 16 of rows tid / 16 + 8 k, 4 rows' 16-byte loads in flight,
+// and each value's store has its slot's address in a register and the row's
+// offset as an immediate (one STS a value, no address arithmetic).
+constexpr int kStride128 = 130;  // FlushLayout's row stride (halves) for P = 128
+__device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows, const short* inv, int nr) {
+  constexpr int kBatch = 4;  // row passes of 8 rows (128 threads, 16 vectors a row) a batch
+  const int tid = threadIdx.x, c8 = (tid % 16) * 8, r0 = tid / 16;
+  constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
+  unsigned dst[8];  // shared-memory addresses of the column's slots in row r0
+#pragma unroll
+  for (int e = 0; e < 8; ++e) dst[e] = static_cast<unsigned>(__cvta_generic_to_shared(rows + r0 * kStride128 + inv[c8 + e]));
+  const uint4* col = reinterpret_cast<const uint4*>(src + c8) + r0 * 16;
+  for (int k0 = 0; r0 + 8 * k0 < nr; k0 += kBatch) {
+    uint4 buf[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u)
+      if (r0 + 8 * (k0 + u) < nr) buf[u] = __ldg(col + (k0 + u) * 8 * 16);
+    unsigned at[8];  // the slots' addresses in row r0 + 8 k0
+#pragma unroll
+    for (int e = 0; e < 8; ++e) at[e] = dst[e] + k0 * kPass;
+    // row r0 + 8 (k0 + U): the offset U * kPass is an immediate of the store
+    const auto store_row = [&]<int U>(std::integral_constant<int, U>) {
+      if (r0 + 8 * (k0 + U) >= nr) return;
+      const unsigned w[4] = {buf[U].x, buf[U].y, buf[U].z, buf[U].w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const unsigned short v = static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2)));
+        asm volatile("st.shared.u16 [%0+%1], %2;\n" ::"r"(at[e]), "n"(U * kPass), "h"(v) : "memory");
+      }
+    };
+    [&]<int... U>(std::integer_sequence<int, U...>) {
+      (store_row(std::integral_constant<int, U>{}), ...);
+    }(std::make_integer_sequence<int, kBatch>{});
+  }
+}
 
 // Block: rows [t0, t0 + R) of window c of one (b, h); thread: one (row, group).
 // The rows are read with 16-byte loads (several in flight per thread) into
 // shared memory, each value stored at its permuted slot; the codes are packed
 // into shared memory and written out as whole rows. With one clip factor
 // (search off) there is nothing to choose and no error is summed.
+// At most kThreadsTarget threads a block; without the search 64 registers a
+// thread (8 blocks an SM: the staging's loads in flight must not cost
+// occupancy at group 32, where shared memory allows more).
+constexpr int kThreadsTarget = 128;
 template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
-__global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevSide s, int R) {
+__global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
   const FlushLayout L(R, P, D, s.row_bytes);
@@ -256,11 +313,11 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
   short* inv = reinterpret_cast<short*>(smem + L.inv_at);
   unsigned char* out = smem + L.out_at;
   const int tid = threadIdx.x, nt = blockDim.x;
-  const int blocks_per_chunk_head = (f.window + R - 1) / R;
-  const std::int64_t bid = blockIdx.x;
+  // (32-bit index arithmetic: the grid has fewer than 2^31 blocks)
+  const unsigned blocks_per_chunk_head = (f.window + R - 1) / R, bid = blockIdx.x, BH = static_cast<unsigned>(f.B * f.H);
   const int rb = static_cast<int>(bid % blocks_per_chunk_head);
-  const std::int64_t bh = (bid / blocks_per_chunk_head) % (static_cast<std::int64_t>(f.B) * f.H);
-  const int c = static_cast<int>(bid / (blocks_per_chunk_head * static_cast<std::int64_t>(f.B) * f.H));
+  const std::int64_t bh = (bid / blocks_per_chunk_head) % BH;
+  const int c = static_cast<int>(bid / (blocks_per_chunk_head * BH));
   const int h = static_cast<int>(bh % f.H);
   const int t0 = rb * R, nr = min(R, f.window - t0);
   const std::int64_t slot = f.slot0 + c;
@@ -268,7 +325,10 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
   const int vpr = max(1, D / 8);  // 16-byte vectors per row
-  if ((reinterpret_cast<std::uintptr_t>(src) & 15) == 0 && D % 8 == 0 && nt % vpr == 0) {
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
+  if (aligned && D == 128 && L.stride == kStride128 && nt == 128) {
+    stage_rows_d128(src, rows, inv, nr);
+  } else if (aligned && D % 8 == 0 && nt % vpr == 0) {
     // Each thread keeps to one 8-channel column (its slots in registers) and
     // has kV 16-byte loads in flight.
     constexpr int kV = 4;
@@ -313,7 +373,7 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
   const int rl = tid / G, k = tid - rl * G;
   const int t = t0 + rl;
   const int j0 = k * g, j1 = min(D, j0 + g);
-  auto* out16 = reinterpret_cast<unsigned short*>(out + rl * s.row_bytes + j0 * bits / 8);
+  auto* out16 = reinterpret_cast<unsigned short*>(out + rl * L.out_stride + j0 * bits / 8);
   if (rl < nr) {
     if (slot == 0 && t < f.n_sink) {  // sinks stay exact: their code bytes are left zero
       for (int i = 0; i < (j1 - j0) * bits / 16; ++i) out16[i] = 0;
@@ -321,7 +381,8 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
       const GroupSlots xs{rows + rl * L.stride + j0, g};
       constexpr float levels = static_cast<float>((1 << BITS) - 1);
       float gmin, gmax;
-      xs.min_max(gmin, gmax);
+      bool any_nan;
+      xs.min_max(gmin, gmax, any_nan);
       const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
       const float rng = __fsub_rn(gmax, gmin);
       const Factors<NA> F(f, mid, rng, levels);
@@ -337,7 +398,17 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
         if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
       }
       // the group's real channels (j0 and j1 - j0 are multiples of 16)
-      if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      // The quotient is monotonic in x (a rounded subtraction, then a
+      // correctly rounded division by a positive scale), so when the group's
+      // extremes give quotients in [-0.5, levels + 0.5) every slot does, and
+      // rint alone lands in [0, levels] (-0.5 rounds to even 0; levels is odd,
+      // so levels + 0.5 would not): no clamp a value. Chosen per warp, so the
+      // warp runs one loop.
+      const bool in_range = finite && !any_nan &&
+                            quotient_rn(__fsub_rn(gmin, best_lo), best_scale, best_inv) >= -0.5f &&
+                            quotient_rn(__fsub_rn(gmax, best_lo), best_scale, best_inv) < levels + 0.5f;
+      if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
       store_meta(s.lo + mo, f.meta, best_lo);
@@ -345,16 +416,20 @@ __global__ void __launch_bounds__(256, 1) quant_kernel(const FlushParams f, DevS
     }
   }
   __syncthreads();
-  // The block's code rows are contiguous in the slot.
+  // The block's code rows are contiguous in the slot (a row a multiple of 4
+  // bytes at D = 128: 4-byte stores; 2-byte ones otherwise).
   unsigned char* dst = s.codes + slot * s.slot_codes + (bh * f.window + t0) * s.row_bytes;
-  const int nbytes = nr * static_cast<int>(s.row_bytes);
-  if (((reinterpret_cast<std::uintptr_t>(dst) | nbytes) & 15) == 0) {
-    for (int i = tid; i < nbytes / 16; i += nt) reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(out)[i];
-  } else if (((reinterpret_cast<std::uintptr_t>(dst) | nbytes) & 3) == 0) {
-    for (int i = tid; i < nbytes / 4; i += nt) reinterpret_cast<unsigned*>(dst)[i] = reinterpret_cast<const unsigned*>(out)[i];
+  const int rb4 = static_cast<int>(s.row_bytes) / 4;
+  if (((reinterpret_cast<std::uintptr_t>(dst) | s.row_bytes) & 3) == 0 && nt % rb4 == 0) {
+    const int w = tid % rb4;  // this thread's word of every row it writes
+    for (int r = tid / rb4; r < nr; r += nt / rb4)
+      reinterpret_cast<unsigned*>(dst)[r * rb4 + w] = reinterpret_cast<const unsigned*>(out + r * L.out_stride)[w];
   } else {
-    for (int i = tid; i < nbytes / 2; i += nt)
-      reinterpret_cast<unsigned short*>(dst)[i] = reinterpret_cast<const unsigned short*>(out)[i];
+    const int rb2 = static_cast<int>(s.row_bytes) / 2;
+    for (int i = tid; i < nr * rb2; i += nt) {
+      const int r = i / rb2;
+      reinterpret_cast<unsigned short*>(dst)[i] = reinterpret_cast<const unsigned short*>(out + r * L.out_stride)[i - r * rb2];
+    }
   }
 }
 
@@ -386,9 +461,9 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   SKVQ_CUDA_LAUNCH_CHECK();
 }
 
-// 32 to 256 threads a block measured the same (K2V2 g128 without the search:
-// 1.21-1.22 ms for 2 x 131072 x 32 rows); 128 is the best at group 32.
-constexpr int kThreadsTarget = 128;
+// (kThreadsTarget: 32 to 256 threads a block measured the same, K2V2 g128
+// without the search: 1.21-1.22 ms for 2 x 131072 x 32 rows; 128 is the best
+// at group 32.)
 
 void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   const int P = side.G * f.group;
