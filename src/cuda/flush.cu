@@ -262,37 +262,41 @@ struct FlushLayout {
 // column tid % 16 of rows tid / 16 + 8 k, 4 rows' 16-byte loads in flight,
 // and each value's store has its slot's address in a register and the row's
 // offset as an immediate (one STS a value, no address arithmetic).
+constexpr int kThreadsTarget = 128;  // threads a flush block at most (one per row and group)
 constexpr int kStride128 = 130;  // FlushLayout's row stride (halves) for P = 128
+template <typename F, int... I>
+__device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&& f) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+
 __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows, const short* inv, int nr) {
-  constexpr int kBatch = 4;  // row passes of 8 rows (128 threads, 16 vectors a row) a batch
-  const int tid = threadIdx.x, c8 = (tid % 16) * 8, r0 = tid / 16;
+  constexpr int kBatch = 4;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
+  constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most 128 rows (kThreadsTarget / G)
   constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
+  const int tid = threadIdx.x, c8 = (tid % 16) * 8, r0 = tid / 16;
   unsigned dst[8];  // shared-memory addresses of the column's slots in row r0
 #pragma unroll
   for (int e = 0; e < 8; ++e) dst[e] = static_cast<unsigned>(__cvta_generic_to_shared(rows + r0 * kStride128 + inv[c8 + e]));
   const uint4* col = reinterpret_cast<const uint4*>(src + c8) + r0 * 16;
-  for (int k0 = 0; r0 + 8 * k0 < nr; k0 += kBatch) {
+  // every pass's load and store offset is a constant: immediates, no address arithmetic
+  static_for(std::make_integer_sequence<int, kPasses / kBatch>{}, [&](auto batch) {
+    constexpr int k0 = decltype(batch)::value * kBatch;
+    if (r0 + 8 * k0 >= nr) return;
     uint4 buf[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
       if (r0 + 8 * (k0 + u) < nr) buf[u] = __ldg(col + (k0 + u) * 8 * 16);
-    unsigned at[8];  // the slots' addresses in row r0 + 8 k0
-#pragma unroll
-    for (int e = 0; e < 8; ++e) at[e] = dst[e] + k0 * kPass;
-    // row r0 + 8 (k0 + U): the offset U * kPass is an immediate of the store
-    const auto store_row = [&]<int U>(std::integral_constant<int, U>) {
-      if (r0 + 8 * (k0 + U) >= nr) return;
-      const unsigned w[4] = {buf[U].x, buf[U].y, buf[U].z, buf[U].w};
+    static_for(std::make_integer_sequence<int, kBatch>{}, [&](auto pass) {
+      constexpr int u = decltype(pass)::value;
+      if (r0 + 8 * (k0 + u) >= nr) return;
+      const unsigned w[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const unsigned short v = static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2)));
-        asm volatile("st.shared.u16 [%0+%1], %2;\n" ::"r"(at[e]), "n"(U * kPass), "h"(v) : "memory");
+        asm volatile("st.shared.u16 [%0+%1], %2;\n" ::"r"(dst[e]), "n"((k0 + u) * kPass), "h"(v) : "memory");
       }
-    };
-    [&]<int... U>(std::integer_sequence<int, U...>) {
-      (store_row(std::integral_constant<int, U>{}), ...);
-    }(std::make_integer_sequence<int, kBatch>{});
-  }
+    });
+  });
 }
 
 // Block: rows [t0, t0 + R) of window c of one (b, h); thread: one (row, group).
@@ -303,7 +307,6 @@ __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows,
 // At most kThreadsTarget threads a block; without the search 64 registers a
 // thread (8 blocks an SM: the staging's loads in flight must not cost
 // occupancy at group 32, where shared memory allows more).
-constexpr int kThreadsTarget = 128;
 template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R) {
   extern __shared__ __align__(16) unsigned char smem[];
