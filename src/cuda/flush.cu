@@ -262,7 +262,7 @@ struct FlushLayout {
 // column tid % 16 of rows tid / 16 + 8 k, 4 rows' 16-byte loads in flight,
 // and each value's store has its slot's address in a register and the row's
 // offset as an immediate (one STS a value, no address arithmetic).
-constexpr int kThreadsTarget = 128;  // threads a flush block at most (one per row and group)
+constexpr int kThreadsTarget = 128;  // threads (rows) a flush block at most
 constexpr int kStride128 = 130;  // FlushLayout's row stride (halves) for P = 128
 template <typename F, int... I>
 __device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&& f) {
@@ -271,7 +271,7 @@ __device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&&
 
 __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows, const short* inv, int nr) {
   constexpr int kBatch = 4;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
-  constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most 128 rows (kThreadsTarget / G)
+  constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most kThreadsTarget rows
   constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
   const int tid = threadIdx.x, c8 = (tid % 16) * 8, r0 = tid / 16;
   unsigned dst[8];  // shared-memory addresses of the column's slots in row r0
@@ -299,14 +299,18 @@ __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows,
   });
 }
 
-// Block: rows [t0, t0 + R) of window c of one (b, h); thread: one (row, group).
+// Block: rows [t0, t0 + R) of window c of one (b, h); thread: one row, its
+// groups one after the other (a thread per row and group cost 34 instead of
+// ~20 instructions a value at group 32: its own costs - indices, staging
+// setup, barriers - weighed four times as much; and a block had a quarter of
+// the rows, so a quarter of the bytes in flight).
 // The rows are read with 16-byte loads (several in flight per thread) into
 // shared memory, each value stored at its permuted slot; the codes are packed
 // into shared memory and written out as whole rows. With one clip factor
 // (search off) there is nothing to choose and no error is summed.
-// At most kThreadsTarget threads a block; without the search 64 registers a
-// thread (8 blocks an SM: the staging's loads in flight must not cost
-// occupancy at group 32, where shared memory allows more).
+// At most kThreadsTarget threads (rows) a block; without the search 64
+// registers a thread, so that registers never limit the blocks an SM below
+// what shared memory allows.
 template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -373,11 +377,11 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   }
   __syncthreads();
 
-  const int rl = tid / G, k = tid - rl * G;
-  const int t = t0 + rl;
-  const int j0 = k * g, j1 = min(D, j0 + g);
-  auto* out16 = reinterpret_cast<unsigned short*>(out + rl * L.out_stride + j0 * bits / 8);
-  if (rl < nr) {
+  // a thread per row, over its groups
+  const int rl = tid, t = t0 + rl;
+  for (int k = 0; k < G && rl < nr; ++k) {
+    const int j0 = k * g, j1 = min(D, j0 + g);
+    auto* out16 = reinterpret_cast<unsigned short*>(out + rl * L.out_stride + j0 * bits / 8);
     if (slot == 0 && t < f.n_sink) {  // sinks stay exact: their code bytes are left zero
       for (int i = 0; i < (j1 - j0) * bits / 16; ++i) out16[i] = 0;
     } else {
@@ -464,14 +468,13 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   SKVQ_CUDA_LAUNCH_CHECK();
 }
 
-// (kThreadsTarget: 32 to 256 threads a block measured the same, K2V2 g128
-// without the search: 1.21-1.22 ms for 2 x 131072 x 32 rows; 128 is the best
-// at group 32.)
+// (kThreadsTarget: 32 to 256 threads a block measured the same in session 10,
+// K2V2 g128 without the search: 1.21-1.22 ms for 2 x 131072 x 32 rows.)
 
 void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   const int P = side.G * f.group;
-  // rows per block: up to kThreadsTarget threads (one per row and group), at most 64 KiB of shared memory
-  int R = std::max(1, std::min(f.window, kThreadsTarget / side.G));
+  // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
+  int R = std::max(1, std::min(f.window, kThreadsTarget));
   while (R > 1 && FlushLayout(R, P, side.D, side.row_bytes).bytes > 64 * 1024) --R;
   const FlushLayout L(R, P, side.D, side.row_bytes);
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
@@ -479,7 +482,7 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
     if (L.bytes > 48 * 1024) {
       SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
     }
-    kernel<<<static_cast<unsigned>(blocks), R * side.G, L.bytes, stream>>>(f, side, R);
+    kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R);
   };
   auto by_bits = [&](auto na) {
     constexpr int NA = decltype(na)::value;
