@@ -159,7 +159,8 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
     for (int group : {16, 32, 48, 64, 128, 200}) {  // 48: a padded last group; 200: one group past D
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         const bool search = (n++ % 2) == 0;
-        const Config cfg = search ? gpu_config(32, 2, group, bits, bits, meta) : no_search(gpu_config(32, 2, group, bits, bits, meta), 0.9f);
+        Config cfg = gpu_config(32, 2, group, bits, bits, meta);
+        if (!search) cfg = no_search(cfg, 0.9f);
         Tensor k = randn({1, 2, 96, 128}, seed++, DType::f16, true), v = randn({1, 2, 96, 128}, seed++, DType::f16, true);
         for (Tensor* t : {&k, &v})
           for (std::int64_t h = 0; h < 2; ++h)

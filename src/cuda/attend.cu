@@ -502,7 +502,6 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
   const int kgrp = (lane * kCPL) / p.group;  // one metadata group per lane
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
-  const int out_split = split;
 
   for (std::int64_t base = t_begin; base < t_end; base += kGroups * kTileN) {
     float s[kTileN][NQ];
@@ -550,7 +549,7 @@ __global__ void __launch_bounds__(kThreads) attn_kernel(const AttnParams p, int 
       }
     }
   }
-  write_partial<NQ, VB>(p, row0, out_split, b, h, lane, grp, st);
+  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
 // ---- pipelined kernel for the packed body (window a multiple of 64) ----

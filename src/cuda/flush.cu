@@ -73,12 +73,20 @@ __device__ __forceinline__ float quotient_rn(float num, float scale, float inv) 
 // low mantissa bits of the sum; subtracting kRound again gives rint(x).
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
 
+// RN((x - lo) / scale), the spec's quotient, without the division.
+__device__ __forceinline__ float code_quotient(float x, float lo, float scale, float inv) {
+  return quotient_rn(__fsub_rn(x, lo), scale, inv);
+}
+
 // clamp(rint(RN((x - lo) / scale)), 0, levels) + kRound: the code in the low
 // bits. rint and clamp commute (the bounds are integers), so the clamp comes
 // first and keeps the sum exact. (A NaN x gives code 0, as the division does.)
+// !kClamp: the caller knows the quotient lies in [-0.5, levels + 0.5), where
+// rint alone lands in [0, levels] (see quant_kernel).
+template <bool kClamp = true>
 __device__ __forceinline__ float code_plus_round(float x, float lo, float scale, float inv, float levels) {
-  const float q = quotient_rn(__fsub_rn(x, lo), scale, inv);
-  return __fadd_rn(fminf(fmaxf(q, 0.0f), levels), kRound);
+  const float q = code_quotient(x, lo, scale, inv);
+  return __fadd_rn(kClamp ? fminf(fmaxf(q, 0.0f), levels) : q, kRound);
 }
 
 __device__ __forceinline__ float code_by_division(float x, float lo, float scale, float levels) {
@@ -208,8 +216,7 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
 }
 
 // Packs the codes of n slots (n * BITS a multiple of 16) into out16, 16 bits a word.
-// !kClamp: the caller knows every quotient lies in [-0.5, levels + 0.5), where
-// rint needs no clamp (see quant_kernel).
+// !kClamp: every quotient lies in [-0.5, levels + 0.5) (code_plus_round).
 template <int BITS, bool kDivide, bool kClamp = true>
 __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16) {
   constexpr int kPer = 16 / BITS;  // codes per 16-bit word
@@ -221,8 +228,7 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
   // shift-and-add (LEA) a code packs it.
   const auto bits_of = [&](float x) {
     if constexpr (kDivide) return static_cast<unsigned>(code_by_division(x, lo, scale, levels));
-    if constexpr (!kClamp) return __float_as_uint(__fadd_rn(quotient_rn(__fsub_rn(x, lo), scale, inv), kRound));
-    return __float_as_uint(code_plus_round(x, lo, scale, inv, levels));
+    return __float_as_uint(code_plus_round<kClamp>(x, lo, scale, inv, levels));
   };
   for (int w = 0; w < n / kPer; ++w) {
     unsigned acc = 0;
@@ -412,8 +418,8 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       // so levels + 0.5 would not): no clamp a value. Chosen per warp, so the
       // warp runs one loop.
       const bool in_range = finite && !any_nan &&
-                            quotient_rn(__fsub_rn(gmin, best_lo), best_scale, best_inv) >= -0.5f &&
-                            quotient_rn(__fsub_rn(gmax, best_lo), best_scale, best_inv) < levels + 0.5f;
+                            code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
+                            code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
       if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
