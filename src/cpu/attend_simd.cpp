@@ -1,18 +1,21 @@
 // SIMD decode/prefill attention straight from the packed store.
 //
-// Work is split into tasks (b, kv head, token range); each task walks its
-// range in blocks that lie in one segment (exact sinks, one packed chunk,
-// exact tail, or dense rows) and serves every query row of the KV head's
-// group (grouped-query attention) with an online softmax. Packed blocks of
-// the common layouts (1, 2, 4 or 8 bits, whole 32-bit words a row) take the
-// fused path below: scores and value sums straight from the code words (VNNI
-// integer dot products on AVX3_DL: VnniKeyScoresT and VnniValuesT, metadata
-// applied per (row, group) as stored; codes as float mantissas elsewhere);
-// other blocks are decoded to float32 rows first. Packed rows ahead are asked
-// for through a LineQueue that the kernels drain a few lines at a time. Packed rows stay in the permuted
-// channel order: scores use the permuted query, values accumulate into a
-// permuted accumulator that is inverse-permuted once at the end. Partial
-// (max, sum, acc) of the splits are combined in float32.
+// Work is split into tasks (b, group of KV heads, token range); each task
+// walks its range in blocks that lie in one segment (exact sinks, one packed
+// chunk, exact tail, or dense rows), every head of its group at each block
+// (the store keeps a chunk's heads side by side, so the reads are long runs),
+// and serves every query row of a KV head's group (grouped-query attention)
+// with an online softmax kept per head (HeadRun). Packed blocks of the common
+// layouts (1, 2, 4 or 8 bits, whole 32-bit words a row) take the fused path
+// below: scores and value sums straight from the code words (VNNI integer dot
+// products on AVX3_DL: VnniKeyScoresT and VnniValuesT, metadata applied per
+// (row, group) as stored; codes as float mantissas elsewhere); other blocks
+// are decoded to float32 rows first. The rows of the next (head, block) of the
+// walk are asked for through a LineQueue that the kernels drain a few lines at
+// a time. Packed rows stay in the permuted channel order: scores use the
+// permuted query, values accumulate into a permuted accumulator that is
+// inverse-permuted once at the end. Partial (max, sum, acc) of the splits are
+// combined in float32.
 #include "cpu/attend_simd.hpp"
 
 
@@ -935,9 +938,8 @@ void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t
 #endif
 }
 
-// Asks for the code words and metadata of packed rows [t0, t0 + n) of one side
-// ahead of their use: every chunk is a separate allocation, so the hardware
-// prefetchers would restart at each window boundary.
+// Queues the code words and metadata of packed rows [t0, t0 + n) of one side:
+// the hardware prefetchers alone lose the streams at page and chunk boundaries.
 void PrefetchRows(const AttendParams& p, int side, const FusedPlan& fp, std::int64_t b, std::int64_t h, std::int64_t t0,
                   std::int64_t n, LineQueue& lq) {
   const PackedRowsAt at(p, side, b, h, t0);
@@ -1002,65 +1004,138 @@ RawRows RawFusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::
   return {codes, lo_f, sc_f, false};
 }
 
-void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int64_t t_begin, std::int64_t t_end,
-                 const Partial& out) {
-  const DF d;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t Gq = p.num_q_heads / p.num_kv_heads, nq = Gq * p.sq;
-  const std::int64_t D = p.head_dim, Dv = p.v_head_dim, Dp = RoundUp(D, L), Dvp = RoundUp(Dv, L);
-  const FusedPlan fk = PlanFused(p, 0, L), fv = PlanFused(p, 1, L);
-  const std::int64_t qstride = fk.ok ? fk.slots() * L : 0, lstride = fk.ok ? fk.P * L : 0;
-  const std::int64_t xstride = fv.ok ? fv.slots() * L : 0, sstride = kFused + L;
-  auto alloc = [](std::int64_t n) {
-    auto a = hwy::AllocateAligned<float>(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
-    std::fill(a.get(), a.get() + std::max<std::int64_t>(n, 1), 0.0f);
-    return a;
-  };
-  auto q_o = alloc(nq * Dp), q_p = alloc(nq * Dp), krows = alloc(kFused * Dp), vrows = alloc(kFused * Dvp);
-  auto S = alloc(nq * sstride);
-  auto qpat = alloc(nq * qstride), qls = alloc(nq * lstride);
-  auto klo = alloc(kFused * fk.G + L), ksc = alloc(kFused * fk.G + L);
-  auto accx = alloc(nq * xstride), lov = alloc(nq * fv.Lp);
-  auto vlo = alloc(kFused * fv.G + L), vsc = alloc(kFused * fv.G + L);
-  const VnniValuePlan vv = PlanVnniValues(fv);
-  auto accv = alloc(nq * vv.slots());
-  const bool vnni = kVnni && fk.ok, vkeys = vnni && VnniKeysOk(fk);
-  auto qg = alloc(nq * L);  // per query row: sum of q over group l % G (vkeys)
-  std::vector<float> qstep(static_cast<std::size_t>(nq));
-  const std::int64_t vbytes = vnni ? (8 / fk.bits) * fk.P * 4 * L : 0;
-  auto vnni_q = hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * nq * vbytes, 1)));
-  std::vector<VnniQuery> vq(static_cast<std::size_t>(nq));
+using Floats = hwy::AlignedFreeUniquePtr<float[]>;
+
+// n floats (at least one), zeroed and vector-aligned.
+Floats Zeros(std::int64_t n) {
+  const auto m = static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
+  auto a = hwy::AllocateAligned<float>(m);
+  std::fill(a.get(), a.get() + m, 0.0f);
+  return a;
+}
+
+// Shapes and kernel plans shared by every head of a call.
+struct Plan {
+  std::int64_t L, Gq, nq, D, Dv, Dp, Dvp, g;
+  FusedPlan fk, fv;
+  VnniValuePlan vv;
+  bool vnni, vkeys;
+  std::int64_t qstride, lstride, xstride, sstride, vbytes;
+  explicit Plan(const AttendParams& p)
+      : L(static_cast<std::int64_t>(hn::Lanes(DF()))),
+        Gq(p.num_q_heads / p.num_kv_heads),
+        nq(Gq * p.sq),
+        D(p.head_dim),
+        Dv(p.v_head_dim),
+        Dp(RoundUp(D, L)),
+        Dvp(RoundUp(Dv, L)),
+        g(p.st ? p.st->cfg.group_size : 1),
+        fk(PlanFused(p, 0, L)),
+        fv(PlanFused(p, 1, L)),
+        vv(PlanVnniValues(fv)),
+        vnni(kVnni && fk.ok),
+        vkeys(vnni && VnniKeysOk(fk)),
+        qstride(fk.ok ? fk.slots() * L : 0),
+        lstride(fk.ok ? fk.P * L : 0),
+        xstride(fv.ok ? fv.slots() * L : 0),
+        sstride(kFused + L),
+        vbytes(vnni ? (8 / fk.bits) * fk.P * 4 * L : 0) {}
+  // The end of the block that starts at token t (at most t_end): one segment,
+  // kFused rows on the fused path, kBlock otherwise.
+  std::int64_t BlockEnd(const AttendParams& p, std::int64_t t, std::int64_t t_end) const {
+    const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
+    const std::int64_t n = packed && (fk.ok || fv.ok) ? kFused : kBlock;
+    return std::min({t + n, SegmentEnd(p, t), t_end});
+  }
+};
+
+// Scratch of one task, reused by every head and block it walks.
+struct Scratch {
+  Floats krows, vrows, S, klo, ksc, vlo, vsc;
+  explicit Scratch(const Plan& pl)
+      : krows(Zeros(kFused * pl.Dp)),
+        vrows(Zeros(kFused * pl.Dvp)),
+        S(Zeros(pl.nq * pl.sstride)),
+        klo(Zeros(kFused * pl.fk.G + pl.L)),
+        ksc(Zeros(kFused * pl.fk.G + pl.L)),
+        vlo(Zeros(kFused * pl.fv.G + pl.L)),
+        vsc(Zeros(kFused * pl.fv.G + pl.L)) {}
+};
+
+// One KV head's online softmax over the blocks it is given, in token order:
+// its query rows in the layouts of the kernels, the fused value accumulators,
+// and (out) its running max, sum and accumulators.
+class HeadRun {
+ public:
+  HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const Partial& out);
+  // Tokens [t, t + n): one block (Plan::BlockEnd). Its kernels issue the
+  // lines queued in lq a few at a time and drain the rest.
+  void Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq);
+  // Queues the packed rows [t, t + n) of both sides (one block) in lq.
+  void Request(std::int64_t t, std::int64_t n, LineQueue& lq) const;
+  // Folds the fused value sums into out's permuted accumulator.
+  void Finish();
+
+ private:
+  const AttendParams& p_;
+  const Plan& pl_;
+  std::int64_t b_, h_;
+  Partial out_;
+  Floats q_o_, q_p_, qpat_, qls_, accx_, lov_, accv_, qg_;
+  std::vector<float> qstep_;
+  hwy::AlignedFreeUniquePtr<std::int8_t[]> vnni_q_;
+  std::vector<VnniQuery> vq_;
+};
+
+HeadRun::HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const Partial& out)
+    : p_(p),
+      pl_(pl),
+      b_(b),
+      h_(h),
+      out_(out),
+      q_o_(Zeros(pl.nq * pl.Dp)),
+      q_p_(Zeros(pl.nq * pl.Dp)),
+      qpat_(Zeros(pl.nq * pl.qstride)),
+      qls_(Zeros(pl.nq * pl.lstride)),
+      accx_(Zeros(pl.nq * pl.xstride)),
+      lov_(Zeros(pl.nq * pl.fv.Lp)),
+      accv_(Zeros(pl.nq * pl.vv.slots())),
+      qg_(Zeros(pl.nq * pl.L)),  // per query row: sum of q over group l % G (vkeys)
+      qstep_(static_cast<std::size_t>(pl.nq)),
+      vnni_q_(hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * pl.nq * pl.vbytes, 1)))),
+      vq_(static_cast<std::size_t>(pl.nq)) {
+  const FusedPlan& fk = pl.fk;
+  const std::int64_t L = pl.L, D = pl.D, Dp = pl.Dp, Dvp = pl.Dvp;
   const std::int32_t* kperm = (p.st && !p.st->k.perm.empty()) ? p.st->k.perm.data() + h * D : nullptr;
-  const std::int64_t g = p.st ? p.st->cfg.group_size : 1;
-  for (std::int64_t qi = 0; qi < nq; ++qi) {
-    const std::int64_t hq = h * Gq + qi / p.sq, i = qi % p.sq;
-    float* qo = q_o.get() + qi * Dp;
+  for (std::int64_t qi = 0; qi < pl.nq; ++qi) {
+    const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
+    float* qo = q_o_.get() + qi * Dp;
     for (std::int64_t dd = 0; dd < D; ++dd) qo[dd] = p.q.at(b, hq, i, dd) * p.scale;
-    float* qp = q_p.get() + qi * Dp;
+    float* qp = q_p_.get() + qi * Dp;
     for (std::int64_t j = 0; j < D; ++j) qp[j] = kperm ? qo[kperm[j]] : qo[j];
     if (fk.ok) {
-      if (!vkeys) {  // the per-word patterns of FusedScores
+      if (!pl.vkeys) {  // the per-word patterns of FusedScores
         for (std::int64_t k = 0; k < fk.cpl; ++k)
           for (std::int64_t ph = 0; ph < fk.P; ++ph)
             for (std::int64_t lane = 0; lane < L; ++lane) {
               const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
-              qpat[qi * qstride + (k * fk.P + ph) * L + lane] = qv;
-              qls[qi * lstride + ph * L + lane] += qv;
+              qpat_[qi * pl.qstride + (k * fk.P + ph) * L + lane] = qv;
+              qls_[qi * pl.lstride + ph * L + lane] += qv;
             }
       }
-      if (vnni) {
-        VnniQuery& v = vq[static_cast<std::size_t>(qi)];
-        std::int8_t* hi = vnni_q.get() + 2 * qi * vbytes;
+      if (pl.vnni) {
+        VnniQuery& v = vq_[static_cast<std::size_t>(qi)];
+        std::int8_t* hi = vnni_q_.get() + 2 * qi * pl.vbytes;
         v.hi = hi;
-        v.lo = hi + vbytes;
-        const float sq = BuildVnniQuery(fk, qp, D, L, hi, hi + vbytes);
+        v.lo = hi + pl.vbytes;
+        const float sq = BuildVnniQuery(fk, qp, D, L, hi, hi + pl.vbytes);
         v.step = sq / static_cast<float>(1 << fk.bits);
-        qstep[static_cast<std::size_t>(qi)] = sq;
+        qstep_[static_cast<std::size_t>(qi)] = sq;
         for (std::int64_t l = 0; l < L; ++l) {
           const std::int64_t grp = l % fk.G;
           float sum = 0.0f;
-          for (std::int64_t j = grp * g; j < (grp + 1) * g; ++j) sum += qp[j];
-          qg[qi * L + l] = sum;
+          for (std::int64_t j = grp * pl.g; j < (grp + 1) * pl.g; ++j) sum += qp[j];
+          qg_[qi * L + l] = sum;
         }
       }
     }
@@ -1069,174 +1144,205 @@ void AttendRange(const AttendParams& p, std::int64_t b, std::int64_t h, std::int
     std::fill(out.acc_o + qi * Dvp, out.acc_o + (qi + 1) * Dvp, 0.0f);
     std::fill(out.acc_p + qi * Dvp, out.acc_p + (qi + 1) * Dvp, 0.0f);
   }
-  // Packed rows of each side before pf[side] have been asked for ahead of
-  // their use, up to kAhead tokens past the block: keys before the scores,
-  // values before the value sums, so the requests spread over the block.
-  std::int64_t pf[2] = {t_begin, t_begin};
-  constexpr std::int64_t kAhead = 256;  // tokens: a few blocks, a few KiB per side
-  LineQueue lq;
-  auto prefetch = [&](int side, const FusedPlan& fp, std::int64_t t, std::int64_t n) {
-    const std::int64_t until = std::min({t + n + kAhead, t_end, p.st->q_end});
-    for (pf[side] = std::max(pf[side], t); pf[side] < until;) {
-      const std::int64_t m = std::min(SegmentEnd(p, pf[side]), until) - pf[side];
-      PrefetchRows(p, side, fp, b, h, pf[side], m, lq);
-      pf[side] += m;
-    }
-  };
-  for (std::int64_t t = t_begin; t < t_end;) {
-    const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
-    const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
-    const std::int64_t n = std::min({use_k || use_v ? kFused : kBlock, SegmentEnd(p, t) - t, t_end - t});
-    if (use_k) prefetch(0, fk, t, n);
-    // Scores of every query row: S[qi][0..n).
-    if (use_k && vkeys) {
-      const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get());
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, vq[static_cast<std::size_t>(qi)],
-                      qstep[static_cast<std::size_t>(qi)], qg.get() + qi * L, S.get() + qi * sstride, lq);
-      }
-    } else if (use_k) {
-      const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, klo.get(), ksc.get()), n * fk.R, L);
-      const FusedBlock blk{wb, n, klo.get(), ksc.get()};
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        Scores(fk, blk, qpat.get() + qi * qstride, qls.get() + qi * lstride, vnni ? &vq[static_cast<std::size_t>(qi)] : nullptr,
-               S.get() + qi * sstride);
-      }
-    } else {
-      const bool kp = DecodeBlock(p, 0, b, h, t, n, krows.get(), Dp);
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        const float* qv = (kp ? q_p.get() : q_o.get()) + qi * Dp;
-        for (std::int64_t tt = 0; tt < n; ++tt) S[qi * sstride + tt] = Dot(qv, krows.get() + tt * Dp, Dp);
-      }
-    }
-    // Online softmax: S becomes the weights exp(s - m) (zero where causally hidden).
+}
+
+void HeadRun::Request(std::int64_t t, std::int64_t n, LineQueue& lq) const {
+  if (p_.st == nullptr || t < p_.st->sinks_held() || t >= p_.st->q_end) return;
+  if (pl_.fk.ok) PrefetchRows(p_, 0, pl_.fk, b_, h_, t, n, lq);
+  if (pl_.fv.ok) PrefetchRows(p_, 1, pl_.fv, b_, h_, t, n, lq);
+}
+
+void HeadRun::Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq) {
+  const AttendParams& p = p_;
+  const Plan& pl = pl_;
+  const FusedPlan &fk = pl.fk, &fv = pl.fv;
+  const VnniValuePlan& vv = pl.vv;
+  const DF d;
+  const std::int64_t L = pl.L, nq = pl.nq, Dp = pl.Dp, Dvp = pl.Dvp, sstride = pl.sstride, xstride = pl.xstride;
+  const std::int64_t b = b_, h = h_;
+  const Partial& out = out_;
+  const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
+  const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
+  float* S = s.S.get();
+  // Scores of every query row: S[qi][0..n).
+  if (use_k && pl.vkeys) {
+    const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, s.klo.get(), s.ksc.get());
     for (std::int64_t qi = 0; qi < nq; ++qi) {
-      const std::int64_t i = qi % p.sq;
-      const std::int64_t vis = std::min(n, p.kv_len - p.sq + i + 1 - t);  // causal
-      float* s = S.get() + qi * sstride;
-      std::fill(s + n, s + n + L, 0.0f);
-      if (vis <= 0) continue;
-      VF vmax = hn::Set(d, -INFINITY);
-      std::int64_t tm = 0;
-      for (; tm + L <= vis; tm += L) vmax = hn::Max(vmax, hn::LoadU(d, s + tm));
-      if (tm < vis) vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(vis - tm)), hn::LoadU(d, s + tm), vmax));
-      const float m_blk = hn::GetLane(hn::MaxOfLanes(d, vmax));
-      const float m_new = std::max(out.m[qi], m_blk);
-      const float corr = std::exp(out.m[qi] - m_new);
-      const VF vm = hn::Set(d, m_new);
-      VF vsum = hn::Zero(d);
-      std::int64_t tt = 0;
-      for (; tt + L <= vis; tt += L) {
-        const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + tt), vm));
-        hn::StoreU(e, d, s + tt);
-        vsum = hn::Add(vsum, e);
-      }
-      float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
-      for (; tt < vis; ++tt) {
-        s[tt] = std::exp(s[tt] - m_new);
-        sum += s[tt];
-      }
-      std::fill(s + vis, s + n, 0.0f);
-      out.l[qi] = out.l[qi] * corr + sum;
-      if (corr != 1.0f) {
-        const VF vc = hn::Set(d, corr);
-        float* ao = out.acc_o + qi * Dvp;
-        float* ap = out.acc_p + qi * Dvp;
-        for (std::int64_t j = 0; j < Dvp; j += L) {
-          hn::Store(hn::Mul(hn::Load(d, ao + j), vc), d, ao + j);
-          hn::Store(hn::Mul(hn::Load(d, ap + j), vc), d, ap + j);
-        }
-        float* ax = accx.get() + qi * xstride;
-        for (std::int64_t j = 0; j < xstride; j += L) hn::Store(hn::Mul(hn::Load(d, ax + j), vc), d, ax + j);
-        float* av = accv.get() + qi * vv.slots();
-        for (std::int64_t j = 0; j < vv.slots(); j += L) hn::Store(hn::Mul(hn::Load(d, av + j), vc), d, av + j);
-        float* lo = lov.get() + qi * fv.Lp;
-        for (std::int64_t j = 0; j < fv.Lp; j += L) hn::Store(hn::Mul(hn::Load(d, lo + j), vc), d, lo + j);
-      }
-      out.m[qi] = m_new;
+      VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, vq_[static_cast<std::size_t>(qi)],
+                    qstep_[static_cast<std::size_t>(qi)], qg_.get() + qi * L, S + qi * sstride, lq);
     }
-    // Values.
-    if (use_v) prefetch(1, fv, t, n);
-    if (use_v && vv.ok) {
-      const RawRows vr = RawFusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get());
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
-        VnniValues(fv, vv, vr.codes, n, S.get() + qi * sstride, vr.lo, vr.sc, vr.half, accv.get() + qi * vv.slots(),
-                   lov.get() + qi * fv.Lp, lq);
-      }
-    } else if (use_v) {
-      const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, vlo.get(), vsc.get()), n * fv.R, L);
-      const FusedBlock blk{wb, n, vlo.get(), vsc.get()};
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
-        Values(fv, blk, S.get() + qi * sstride, accx.get() + qi * xstride, lov.get() + qi * fv.Lp);
-      }
-    } else {
-      const bool vp = DecodeBlock(p, 1, b, h, t, n, vrows.get(), Dvp);
-      for (std::int64_t qi = 0; qi < nq; ++qi) {
-        const std::int64_t vis = std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t);
-        if (vis <= 0) continue;
-        const float* s = S.get() + qi * sstride;
-        float* acc = (vp ? out.acc_p : out.acc_o) + qi * Dvp;
-        for (std::int64_t j = 0; j < Dvp; j += L) {
-          VF a = hn::Load(d, acc + j);
-          for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, s[u]), hn::Load(d, vrows.get() + u * Dvp + j), a);
-          hn::Store(a, d, acc + j);
-        }
-      }
+  } else if (use_k) {
+    const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, s.klo.get(), s.ksc.get()), n * fk.R, L);
+    const FusedBlock blk{wb, n, s.klo.get(), s.ksc.get()};
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      Scores(fk, blk, qpat_.get() + qi * pl.qstride, qls_.get() + qi * pl.lstride,
+             pl.vnni ? &vq_[static_cast<std::size_t>(qi)] : nullptr, S + qi * sstride);
     }
-    lq.drain();  // whatever the kernels did not issue
-    t += n;
+  } else {
+    const bool kp = DecodeBlock(p, 0, b, h, t, n, s.krows.get(), Dp);
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      const float* qv = (kp ? q_p_.get() : q_o_.get()) + qi * Dp;
+      for (std::int64_t tt = 0; tt < n; ++tt) S[qi * sstride + tt] = Dot(qv, s.krows.get() + tt * Dp, Dp);
+    }
   }
-  // Fold the fused value sums into the permuted accumulator.
-  if (fv.ok) {
-    for (std::int64_t qi = 0; qi < nq; ++qi) {
+  // Online softmax: S becomes the weights exp(s - m) (zero where causally hidden).
+  for (std::int64_t qi = 0; qi < nq; ++qi) {
+    const std::int64_t i = qi % p.sq;
+    const std::int64_t vis = std::min(n, p.kv_len - p.sq + i + 1 - t);  // causal
+    float* sr = S + qi * sstride;
+    std::fill(sr + n, sr + n + L, 0.0f);
+    if (vis <= 0) continue;
+    VF vmax = hn::Set(d, -INFINITY);
+    std::int64_t tm = 0;
+    for (; tm + L <= vis; tm += L) vmax = hn::Max(vmax, hn::LoadU(d, sr + tm));
+    if (tm < vis) vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(vis - tm)), hn::LoadU(d, sr + tm), vmax));
+    const float m_blk = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    const float m_new = std::max(out.m[qi], m_blk);
+    const float corr = std::exp(out.m[qi] - m_new);
+    const VF vm = hn::Set(d, m_new);
+    VF vsum = hn::Zero(d);
+    std::int64_t tt = 0;
+    for (; tt + L <= vis; tt += L) {
+      const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, sr + tt), vm));
+      hn::StoreU(e, d, sr + tt);
+      vsum = hn::Add(vsum, e);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+    for (; tt < vis; ++tt) {
+      sr[tt] = std::exp(sr[tt] - m_new);
+      sum += sr[tt];
+    }
+    std::fill(sr + vis, sr + n, 0.0f);
+    out.l[qi] = out.l[qi] * corr + sum;
+    if (corr != 1.0f) {
+      const VF vc = hn::Set(d, corr);
+      float* ao = out.acc_o + qi * Dvp;
       float* ap = out.acc_p + qi * Dvp;
-      const float* ax = accx.get() + qi * xstride;
-      for (std::int64_t k = 0; k < fv.cpl; ++k)
-        for (std::int64_t ph = 0; ph < fv.P; ++ph)
-          for (std::int64_t lane = 0; lane < L; ++lane) {
-            ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
-          }
-      const float* av = accv.get() + qi * vv.slots();
-      for (std::int64_t j = 0; j < vv.J; ++j)
-        for (std::int64_t m = 0; m < vv.per_byte; ++m)
-          for (std::int64_t l = 0; l < 16; ++l) {
-            const std::int64_t pos = 16 * j + l;  // byte of the row; code m of it
-            ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
-          }
-      const float* lo = lov.get() + qi * fv.Lp;
-      for (std::int64_t l = 0; l < fv.Lp; ++l) {
-        for (std::int64_t j = (l % fv.G) * g; j < (l % fv.G + 1) * g; ++j) ap[j] += lo[l];
+      for (std::int64_t j = 0; j < Dvp; j += L) {
+        hn::Store(hn::Mul(hn::Load(d, ao + j), vc), d, ao + j);
+        hn::Store(hn::Mul(hn::Load(d, ap + j), vc), d, ap + j);
       }
+      float* ax = accx_.get() + qi * xstride;
+      for (std::int64_t j = 0; j < xstride; j += L) hn::Store(hn::Mul(hn::Load(d, ax + j), vc), d, ax + j);
+      float* av = accv_.get() + qi * vv.slots();
+      for (std::int64_t j = 0; j < vv.slots(); j += L) hn::Store(hn::Mul(hn::Load(d, av + j), vc), d, av + j);
+      float* lo = lov_.get() + qi * fv.Lp;
+      for (std::int64_t j = 0; j < fv.Lp; j += L) hn::Store(hn::Mul(hn::Load(d, lo + j), vc), d, lo + j);
+    }
+    out.m[qi] = m_new;
+  }
+  // Values.
+  if (use_v && vv.ok) {
+    const RawRows vr = RawFusedRows(p, 1, fv, b, h, t, n, s.vlo.get(), s.vsc.get());
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
+      VnniValues(fv, vv, vr.codes, n, S + qi * sstride, vr.lo, vr.sc, vr.half, accv_.get() + qi * vv.slots(),
+                 lov_.get() + qi * fv.Lp, lq);
+    }
+  } else if (use_v) {
+    const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, s.vlo.get(), s.vsc.get()), n * fv.R, L);
+    const FusedBlock blk{wb, n, s.vlo.get(), s.vsc.get()};
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
+      Values(fv, blk, S + qi * sstride, accx_.get() + qi * xstride, lov_.get() + qi * fv.Lp);
+    }
+  } else {
+    const bool vp = DecodeBlock(p, 1, b, h, t, n, s.vrows.get(), Dvp);
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      const std::int64_t vis = std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t);
+      if (vis <= 0) continue;
+      const float* sr = S + qi * sstride;
+      float* acc = (vp ? out.acc_p : out.acc_o) + qi * Dvp;
+      for (std::int64_t j = 0; j < Dvp; j += L) {
+        VF a = hn::Load(d, acc + j);
+        for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, sr[u]), hn::Load(d, s.vrows.get() + u * Dvp + j), a);
+        hn::Store(a, d, acc + j);
+      }
+    }
+  }
+  lq.drain();  // whatever the kernels did not issue
+}
+
+void HeadRun::Finish() {
+  const Plan& pl = pl_;
+  const FusedPlan& fv = pl.fv;
+  const VnniValuePlan& vv = pl.vv;
+  const std::int64_t L = pl.L;
+  if (!fv.ok) return;
+  for (std::int64_t qi = 0; qi < pl.nq; ++qi) {
+    float* ap = out_.acc_p + qi * pl.Dvp;
+    const float* ax = accx_.get() + qi * pl.xstride;
+    for (std::int64_t k = 0; k < fv.cpl; ++k)
+      for (std::int64_t ph = 0; ph < fv.P; ++ph)
+        for (std::int64_t lane = 0; lane < L; ++lane) {
+          ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
+        }
+    const float* av = accv_.get() + qi * vv.slots();
+    for (std::int64_t j = 0; j < vv.J; ++j)
+      for (std::int64_t m = 0; m < vv.per_byte; ++m)
+        for (std::int64_t l = 0; l < 16; ++l) {
+          const std::int64_t pos = 16 * j + l;  // byte of the row; code m of it
+          ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
+        }
+    const float* lo = lov_.get() + qi * fv.Lp;
+    for (std::int64_t l = 0; l < fv.Lp; ++l) {
+      for (std::int64_t j = (l % fv.G) * pl.g; j < (l % fv.G + 1) * pl.g; ++j) ap[j] += lo[l];
     }
   }
 }
 
 void AttendSimd(const AttendParams& p) {
-  const DF d;
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t G = p.num_q_heads / p.num_kv_heads, nq = G * p.sq;
-  const std::int64_t Dv = p.v_head_dim, Dvp = RoundUp(Dv, L);
+  const Plan pl(p);
+  const std::int64_t nq = pl.nq, Dv = pl.Dv, Dvp = pl.Dvp, L = pl.L;
   const std::int64_t heads = p.batch * p.num_kv_heads;
   const int threads = std::max(1, p.num_threads);
-  // Enough splits of the sequence for every thread to have work, none shorter than 4 blocks.
-  std::int64_t splits = std::max<std::int64_t>(1, (2 * threads + heads - 1) / heads);
+  // A task walks a group of hpt KV heads of one batch row over one split of
+  // the sequence block by block, every head of the group at each block: the
+  // store holds a chunk's heads next to each other, so the task reads long
+  // runs of each array. Groups are as large as kGroupRows query rows allow
+  // (the heads' query layouts and accumulators stay small).
+  constexpr std::int64_t kGroupRows = 256;
+  const std::int64_t hpt = std::clamp<std::int64_t>(kGroupRows / nq, 1, p.num_kv_heads);
+  const std::int64_t groups = (p.num_kv_heads + hpt - 1) / hpt;
+  // Enough splits of the sequence for two tasks a thread, none shorter than 4 blocks.
+  const std::int64_t units = p.batch * groups;
+  std::int64_t splits = std::max<std::int64_t>(1, (2 * threads + units - 1) / units);
   splits = std::min(splits, std::max<std::int64_t>(1, p.kv_len / (4 * kBlock)));
   const std::int64_t span = RoundUp((p.kv_len + splits - 1) / splits, kBlock);
   splits = (p.kv_len + span - 1) / span;
-  const std::int64_t tasks = heads * splits;
-  // Per task: m and l, padded so that the accumulators stay vector-aligned.
-  const std::int64_t acc_off = RoundUp(2 * nq, L), per_task = acc_off + 2 * nq * Dvp;
-  auto buf = hwy::AllocateAligned<float>(static_cast<std::size_t>(tasks * per_task));
-  auto partial = [&](std::int64_t task) {
-    float* base = buf.get() + task * per_task;
+  const std::int64_t tasks = p.batch * groups * splits;
+  // Per (head, split): m and l, padded so that the accumulators stay vector-aligned.
+  const std::int64_t acc_off = RoundUp(2 * nq, L), per_part = acc_off + 2 * nq * Dvp;
+  auto buf = hwy::AllocateAligned<float>(static_cast<std::size_t>(heads * splits * per_part));
+  auto partial = [&](std::int64_t part) {
+    float* base = buf.get() + part * per_part;
     return Partial{base, base + nq, base + acc_off, base + acc_off + nq * Dvp};
   };
   detail::ThreadPool::global().parallel_for(tasks, threads, [&](std::int64_t task) {
-    const std::int64_t head = task / splits, sp = task % splits;
+    const std::int64_t sp = task % splits, grp = task / splits % groups, b = task / splits / groups;
+    const std::int64_t h0 = grp * hpt, h1 = std::min(p.num_kv_heads, h0 + hpt);
     const std::int64_t t0 = sp * span, t1 = std::min(p.kv_len, t0 + span);
-    AttendRange(p, head / p.num_kv_heads, head % p.num_kv_heads, t0, t1, partial(task));
+    Scratch scratch(pl);
+    LineQueue lq;
+    std::vector<HeadRun> runs;
+    runs.reserve(static_cast<std::size_t>(h1 - h0));
+    for (std::int64_t h = h0; h < h1; ++h) runs.emplace_back(p, pl, b, h, partial((b * p.num_kv_heads + h) * splits + sp));
+    // While a head's block is computed, the next (head, block) of the walk
+    // is asked for (a few lines at a time, from inside the kernels).
+    runs[0].Request(t0, pl.BlockEnd(p, t0, t1) - t0, lq);
+    for (std::int64_t t = t0; t < t1;) {
+      const std::int64_t te = pl.BlockEnd(p, t, t1);
+      for (std::size_t i = 0; i < runs.size(); ++i) {
+        if (i + 1 < runs.size()) {
+          runs[i + 1].Request(t, te - t, lq);
+        } else if (te < t1) {
+          runs[0].Request(te, pl.BlockEnd(p, te, t1) - te, lq);
+        }
+        runs[i].Block(t, te - t, scratch, lq);
+      }
+      t = te;
+    }
+    for (HeadRun& r : runs) r.Finish();
   });
   std::vector<float> row(static_cast<std::size_t>(Dv));
   for (std::int64_t head = 0; head < heads; ++head) {
@@ -1257,7 +1363,7 @@ void AttendSimd(const AttendParams& p) {
           row[static_cast<std::size_t>(vperm ? vperm[j] : j)] += w * pt.acc_p[qi * Dvp + j];
         }
       }
-      const std::int64_t hq = h * G + qi / p.sq, i = qi % p.sq;
+      const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
       for (std::int64_t j = 0; j < Dv; ++j) p.out.set(b, hq, i, j, row[static_cast<std::size_t>(j)] / Lsum);
     }
   }
