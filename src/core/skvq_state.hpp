@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/store_alloc.hpp"
 #include "ref/pack.hpp"
 #include "skvq/config.hpp"
 #include "skvq/dtype.hpp"
@@ -27,9 +28,9 @@ namespace skvq::detail {
 // the bytes held equal the spec's accounting exactly.
 struct PackedChunk {
   std::int64_t n_rows = 0;
-  std::vector<std::uint8_t> codes;
-  std::vector<std::uint8_t> lo;
-  std::vector<std::uint8_t> scale;
+  StoreBytes codes;  // store_alloc.hpp: large buffers on huge pages
+  StoreBytes lo;
+  StoreBytes scale;
   bool operator==(const PackedChunk&) const = default;
 };
 

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -1300,9 +1301,13 @@ void AttendSimd(const AttendParams& p) {
   // the sequence block by block, every head of the group at each block: the
   // store holds a chunk's heads next to each other, so the task reads long
   // runs of each array. Groups are as large as kGroupRows query rows allow
-  // (the heads' query layouts and accumulators stay small).
+  // (the heads' query layouts and accumulators stay small); dense views keep
+  // a head's rows together, so there a task walks one head (as everywhere
+  // with SKVQ_CPU_WALK=head, for measuring the difference).
   constexpr std::int64_t kGroupRows = 256;
-  const std::int64_t hpt = std::clamp<std::int64_t>(kGroupRows / nq, 1, p.num_kv_heads);
+  const char* walk = std::getenv("SKVQ_CPU_WALK");
+  const bool head_major = p.st == nullptr || (walk != nullptr && std::strcmp(walk, "head") == 0);
+  const std::int64_t hpt = head_major ? 1 : std::clamp<std::int64_t>(kGroupRows / nq, 1, p.num_kv_heads);
   const std::int64_t groups = (p.num_kv_heads + hpt - 1) / hpt;
   // Enough splits of the sequence for two tasks a thread, none shorter than 4 blocks.
   const std::int64_t units = p.batch * groups;
