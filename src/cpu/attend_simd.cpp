@@ -25,6 +25,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -879,37 +881,50 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   // Slice m of a byte is masked in place (code * 2^(m bits), at most 255) and
   // its sums scaled back by 2^-(m bits) at the end: no shifts.
   const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
-  for (std::int64_t j = 0; j < J; ++j) {
-    const __m512i idx = _mm512_load_si512(vp.ix[j]), gsel = _mm512_load_si512(vp.gsel[j]);
-    __m512i ah[kPerByte], al[kPerByte];
-    for (int m = 0; m < kPerByte; ++m) ah[m] = al[m] = _mm512_setzero_si512();
-    for (std::int64_t k = 0; k < nq4; ++k) {
-      lq.issue(2);
-      const std::uint8_t* src = k < full ? codes + k * 4 * RB : pad;
-      const __m512i x0 = _mm512_loadu_si512(src);
+  // All J slices of a quad together: its rows and weights are loaded once
+  // (D = 128: J * kPerByte = 8, so 16 accumulators at every code width).
+  __m512i idx[J], gsel[J], ah[J][kPerByte], al[J][kPerByte];
+  for (int j = 0; j < J; ++j) {
+    idx[j] = _mm512_load_si512(vp.ix[j]);
+    gsel[j] = _mm512_load_si512(vp.gsel[j]);
+    for (int m = 0; m < kPerByte; ++m) ah[j][m] = al[j][m] = _mm512_setzero_si512();
+  }
+  for (std::int64_t k = 0; k < nq4; ++k) {
+    lq.issue(2 * J);
+    const std::uint8_t* src = k < full ? codes + k * 4 * RB : pad;
+    const __m512i x0 = _mm512_loadu_si512(src);
+    __m512i x1 = x0, x2 = x0, x3 = x0;
+    if constexpr (RB >= 32) x1 = _mm512_loadu_si512(src + 64);
+    if constexpr (RB == 64) {
+      x2 = _mm512_loadu_si512(src + 128);
+      x3 = _mm512_loadu_si512(src + 192);
+    }
+    const __m512i w16h = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k])));
+    const __m512i w16l = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k])));
+    for (int j = 0; j < J; ++j) {
       __m512i y;
       if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
-        const __m512i x1 = _mm512_loadu_si512(src + 64), x2 = _mm512_loadu_si512(src + 128), x3 = _mm512_loadu_si512(src + 192);
-        const __m512i y01 = _mm512_permutex2var_epi8(x0, idx, x1), y23 = _mm512_permutex2var_epi8(x2, idx, x3);
+        const __m512i y01 = _mm512_permutex2var_epi8(x0, idx[j], x1), y23 = _mm512_permutex2var_epi8(x2, idx[j], x3);
         y = _mm512_mask_blend_epi8(static_cast<__mmask64>(0xCCCCCCCCCCCCCCCCull), y01, y23);
       } else if constexpr (RB == 32) {
-        y = _mm512_permutex2var_epi8(x0, idx, _mm512_loadu_si512(src + 64));
+        y = _mm512_permutex2var_epi8(x0, idx[j], x1);
       } else {
-        y = _mm512_permutexvar_epi8(idx, x0);
+        y = _mm512_permutexvar_epi8(idx[j], x0);
       }
-      const __m512i wh = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k]))));
-      const __m512i wl = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k]))));
+      const __m512i wh = _mm512_permutexvar_epi32(gsel[j], w16h), wl = _mm512_permutexvar_epi32(gsel[j], w16l);
       for (int m = 0; m < kPerByte; ++m) {
         __m512i c = y;
         if constexpr (BITS < 8) c = _mm512_and_si512(y, _mm512_set1_epi8(static_cast<char>(((1 << BITS) - 1) << (m * BITS))));
-        ah[m] = Dpbusd(ah[m], c, wh);
-        al[m] = Dpbusd(al[m], c, wl);
+        ah[j][m] = Dpbusd(ah[j][m], c, wh);
+        al[j][m] = Dpbusd(al[j][m], c, wl);
       }
     }
+  }
+  for (int j = 0; j < J; ++j) {
     for (int m = 0; m < kPerByte; ++m) {
       float* slot = accv + (j * kPerByte + m) * 16;
       const VF down = hn::Set(d, 1.0f / static_cast<float>(1u << (m * BITS)));
-      const VF fh{_mm512_cvtepi32_ps(ah[m])}, fl{_mm512_cvtepi32_ps(al[m])};
+      const VF fh{_mm512_cvtepi32_ps(ah[j][m])}, fl{_mm512_cvtepi32_ps(al[j][m])};
       hn::Store(hn::MulAdd(hn::Mul(fh, down), s_hi, hn::MulAdd(hn::Mul(fl, down), s_lo, hn::Load(d, slot))), d, slot);
     }
   }
@@ -1005,23 +1020,55 @@ RawRows RawFusedRows(const AttendParams& p, int side, const FusedPlan& fp, std::
   return {codes, lo_f, sc_f, false};
 }
 
-using Floats = hwy::AlignedFreeUniquePtr<float[]>;
+// Float storage reused from call to call by the thread that holds it (grows,
+// never shrinks): per-call allocations cost page faults and zeroing that a
+// short context notices.
+class Reused {
+ public:
+  // n floats (at least one), 64-byte aligned; the previous contents are lost.
+  float* get(std::int64_t n) {
+    const auto m = static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
+    if (m > cap_) {
+      buf_ = hwy::AllocateAligned<float>(m);
+      cap_ = m;
+    }
+    return buf_.get();
+  }
 
-// n floats (at least one), zeroed and vector-aligned.
-Floats Zeros(std::int64_t n) {
-  const auto m = static_cast<std::size_t>(std::max<std::int64_t>(n, 1));
-  auto a = hwy::AllocateAligned<float>(m);
-  std::fill(a.get(), a.get() + m, 0.0f);
-  return a;
-}
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buf_;
+  std::size_t cap_ = 0;
+};
 
-// Shapes and kernel plans shared by every head of a call.
+// Offsets of 64-byte aligned pieces of one float buffer.
+class Carve {
+ public:
+  std::int64_t take(std::int64_t n) {
+    const std::int64_t at = size_;
+    size_ += RoundUp(std::max<std::int64_t>(n, 1), 16);
+    return at;
+  }
+  std::int64_t size() const { return size_; }
+
+ private:
+  std::int64_t size_ = 0;
+};
+
+// Shapes and kernel plans shared by every head of a call, and where each
+// head's and each (head, split)'s data lie in the call's buffers.
 struct Plan {
   std::int64_t L, Gq, nq, D, Dv, Dp, Dvp, g;
   FusedPlan fk, fv;
   VnniValuePlan vv;
   bool vnni, vkeys;
+  // strides of the per query row arrays (0 where the kernels in use need none)
   std::int64_t qstride, lstride, xstride, sstride, vbytes;
+  // a head's query layouts (HeadQuery), in floats
+  std::int64_t q_o, q_p, qpat, qls, qg, qstep, vq_bytes, per_query;
+  // a (head, split)'s running state (HeadRun), in floats
+  std::int64_t m, l, acc_o, acc_p, lov, accv, accx, per_part;
+  // a task's scratch, in floats
+  std::int64_t krows, vrows, S, klo, ksc, vlo, vsc, per_task;
   explicit Plan(const AttendParams& p)
       : L(static_cast<std::int64_t>(hn::Lanes(DF()))),
         Gq(p.num_q_heads / p.num_kv_heads),
@@ -1036,11 +1083,39 @@ struct Plan {
         vv(PlanVnniValues(fv)),
         vnni(kVnni && fk.ok),
         vkeys(vnni && VnniKeysOk(fk)),
-        qstride(fk.ok ? fk.slots() * L : 0),
-        lstride(fk.ok ? fk.P * L : 0),
-        xstride(fv.ok ? fv.slots() * L : 0),
+        qstride(fk.ok && !vkeys ? fk.slots() * L : 0),
+        lstride(fk.ok && !vkeys ? fk.P * L : 0),
+        xstride(fv.ok && !vv.ok ? fv.slots() * L : 0),
         sstride(kFused + L),
-        vbytes(vnni ? (8 / fk.bits) * fk.P * 4 * L : 0) {}
+        vbytes(vnni ? (8 / fk.bits) * fk.P * 4 * L : 0) {
+    Carve q;
+    q_o = q.take(nq * Dp);
+    q_p = q.take(nq * Dp);
+    qpat = q.take(nq * qstride);
+    qls = q.take(nq * lstride);
+    qg = q.take(nq * L);
+    qstep = q.take(nq);
+    vq_bytes = q.take((2 * nq * vbytes + 3) / 4);
+    per_query = q.size();
+    Carve r;
+    m = r.take(nq);
+    l = r.take(nq);
+    acc_o = r.take(nq * Dvp);
+    acc_p = r.take(nq * Dvp);
+    lov = r.take(fv.ok ? nq * fv.Lp : 0);
+    accv = r.take(nq * vv.slots());
+    accx = r.take(nq * xstride);
+    per_part = r.size();
+    Carve t;
+    krows = t.take(kFused * Dp);
+    vrows = t.take(kFused * Dvp);
+    S = t.take(nq * sstride);
+    klo = t.take(kFused * fk.G + L);
+    ksc = t.take(kFused * fk.G + L);
+    vlo = t.take(kFused * fv.G + L);
+    vsc = t.take(kFused * fv.G + L);
+    per_task = t.size();
+  }
   // The end of the block that starts at token t (at most t_end): one segment,
   // kFused rows on the fused path, kBlock otherwise.
   std::int64_t BlockEnd(const AttendParams& p, std::int64_t t, std::int64_t t_end) const {
@@ -1050,101 +1125,112 @@ struct Plan {
   }
 };
 
-// Scratch of one task, reused by every head and block it walks.
+// Scratch of one task, reused by every head and block it walks (the worker
+// thread's own storage).
 struct Scratch {
-  Floats krows, vrows, S, klo, ksc, vlo, vsc;
-  explicit Scratch(const Plan& pl)
-      : krows(Zeros(kFused * pl.Dp)),
-        vrows(Zeros(kFused * pl.Dvp)),
-        S(Zeros(pl.nq * pl.sstride)),
-        klo(Zeros(kFused * pl.fk.G + pl.L)),
-        ksc(Zeros(kFused * pl.fk.G + pl.L)),
-        vlo(Zeros(kFused * pl.fv.G + pl.L)),
-        vsc(Zeros(kFused * pl.fv.G + pl.L)) {}
+  float *krows, *vrows, *S, *klo, *ksc, *vlo, *vsc;
+  explicit Scratch(const Plan& pl) {
+    thread_local Reused mem;
+    float* base = mem.get(pl.per_task);
+    krows = base + pl.krows;
+    vrows = base + pl.vrows;
+    S = base + pl.S;
+    klo = base + pl.klo;
+    ksc = base + pl.ksc;
+    vlo = base + pl.vlo;
+    vsc = base + pl.vsc;
+    // Rows are decoded D channels wide and dotted Dp wide: the padding stays 0.
+    if (pl.Dp != pl.D) std::fill(krows, krows + kFused * pl.Dp, 0.0f);
+    if (pl.Dvp != pl.Dv) std::fill(vrows, vrows + kFused * pl.Dvp, 0.0f);
+  }
 };
 
-// One KV head's online softmax over the blocks it is given, in token order:
-// its query rows in the layouts of the kernels, the fused value accumulators,
-// and (out) its running max, sum and accumulators.
+// One KV head's query rows in the layouts of the kernels (per_query floats at
+// `base`; built once per call and shared by the head's splits).
+struct HeadQuery {
+  const float *q_o, *q_p, *qpat, *qls, *qg, *qstep;
+  const VnniQuery* vq;  // nq of them
+};
+
+HeadQuery BuildHeadQuery(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, float* base, VnniQuery* vq) {
+  const FusedPlan& fk = pl.fk;
+  const std::int64_t L = pl.L, D = pl.D, Dp = pl.Dp;
+  std::fill(base, base + pl.per_query, 0.0f);
+  float *q_o = base + pl.q_o, *q_p = base + pl.q_p, *qpat = base + pl.qpat, *qls = base + pl.qls, *qg = base + pl.qg;
+  float* qstep = base + pl.qstep;
+  auto* vnni_q = reinterpret_cast<std::int8_t*>(base + pl.vq_bytes);
+  const std::int32_t* kperm = (p.st && !p.st->k.perm.empty()) ? p.st->k.perm.data() + h * D : nullptr;
+  for (std::int64_t qi = 0; qi < pl.nq; ++qi) {
+    const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
+    float* qo = q_o + qi * Dp;
+    for (std::int64_t dd = 0; dd < D; ++dd) qo[dd] = p.q.at(b, hq, i, dd) * p.scale;
+    float* qp = q_p + qi * Dp;
+    for (std::int64_t j = 0; j < D; ++j) qp[j] = kperm ? qo[kperm[j]] : qo[j];
+    if (!fk.ok) continue;
+    if (!pl.vkeys) {  // the per-word patterns of FusedScores
+      for (std::int64_t k = 0; k < fk.cpl; ++k)
+        for (std::int64_t ph = 0; ph < fk.P; ++ph)
+          for (std::int64_t lane = 0; lane < L; ++lane) {
+            const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
+            qpat[qi * pl.qstride + (k * fk.P + ph) * L + lane] = qv;
+            qls[qi * pl.lstride + ph * L + lane] += qv;
+          }
+    }
+    if (pl.vnni) {
+      VnniQuery& v = vq[qi];
+      std::int8_t* hi = vnni_q + 2 * qi * pl.vbytes;
+      v.hi = hi;
+      v.lo = hi + pl.vbytes;
+      const float sq = BuildVnniQuery(fk, qp, D, L, hi, hi + pl.vbytes);
+      v.step = sq / static_cast<float>(1 << fk.bits);
+      qstep[qi] = sq;
+      for (std::int64_t l = 0; l < L; ++l) {
+        const std::int64_t grp = l % fk.G;
+        float sum = 0.0f;
+        for (std::int64_t j = grp * pl.g; j < (grp + 1) * pl.g; ++j) sum += qp[j];
+        qg[qi * L + l] = sum;
+      }
+    }
+  }
+  return {q_o, q_p, qpat, qls, qg, qstep, vq};
+}
+
+// One KV head's online softmax over the blocks of one split, in token order:
+// running max, sum and accumulators (per_part floats at `base`).
 class HeadRun {
  public:
-  HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const Partial& out);
+  HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const HeadQuery& q, float* base);
   // Tokens [t, t + n): one block (Plan::BlockEnd). Its kernels issue the
   // lines queued in lq a few at a time and drain the rest.
-  void Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq);
+  void Block(std::int64_t t, std::int64_t n, const Scratch& s, LineQueue& lq);
   // Queues the packed rows [t, t + n) of both sides (one block) in lq.
   void Request(std::int64_t t, std::int64_t n, LineQueue& lq) const;
-  // Folds the fused value sums into out's permuted accumulator.
+  // Folds the fused value sums into the permuted accumulator.
   void Finish();
 
  private:
   const AttendParams& p_;
   const Plan& pl_;
   std::int64_t b_, h_;
-  Partial out_;
-  Floats q_o_, q_p_, qpat_, qls_, accx_, lov_, accv_, qg_;
-  std::vector<float> qstep_;
-  hwy::AlignedFreeUniquePtr<std::int8_t[]> vnni_q_;
-  std::vector<VnniQuery> vq_;
+  HeadQuery q_;
+  float *m_, *l_, *acc_o_, *acc_p_, *lov_, *accv_, *accx_;
 };
 
-HeadRun::HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const Partial& out)
+HeadRun::HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int64_t h, const HeadQuery& q, float* base)
     : p_(p),
       pl_(pl),
       b_(b),
       h_(h),
-      out_(out),
-      q_o_(Zeros(pl.nq * pl.Dp)),
-      q_p_(Zeros(pl.nq * pl.Dp)),
-      qpat_(Zeros(pl.nq * pl.qstride)),
-      qls_(Zeros(pl.nq * pl.lstride)),
-      accx_(Zeros(pl.nq * pl.xstride)),
-      lov_(Zeros(pl.nq * pl.fv.Lp)),
-      accv_(Zeros(pl.nq * pl.vv.slots())),
-      qg_(Zeros(pl.nq * pl.L)),  // per query row: sum of q over group l % G (vkeys)
-      qstep_(static_cast<std::size_t>(pl.nq)),
-      vnni_q_(hwy::AllocateAligned<std::int8_t>(static_cast<std::size_t>(std::max<std::int64_t>(2 * pl.nq * pl.vbytes, 1)))),
-      vq_(static_cast<std::size_t>(pl.nq)) {
-  const FusedPlan& fk = pl.fk;
-  const std::int64_t L = pl.L, D = pl.D, Dp = pl.Dp, Dvp = pl.Dvp;
-  const std::int32_t* kperm = (p.st && !p.st->k.perm.empty()) ? p.st->k.perm.data() + h * D : nullptr;
-  for (std::int64_t qi = 0; qi < pl.nq; ++qi) {
-    const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
-    float* qo = q_o_.get() + qi * Dp;
-    for (std::int64_t dd = 0; dd < D; ++dd) qo[dd] = p.q.at(b, hq, i, dd) * p.scale;
-    float* qp = q_p_.get() + qi * Dp;
-    for (std::int64_t j = 0; j < D; ++j) qp[j] = kperm ? qo[kperm[j]] : qo[j];
-    if (fk.ok) {
-      if (!pl.vkeys) {  // the per-word patterns of FusedScores
-        for (std::int64_t k = 0; k < fk.cpl; ++k)
-          for (std::int64_t ph = 0; ph < fk.P; ++ph)
-            for (std::int64_t lane = 0; lane < L; ++lane) {
-              const float qv = qp[((ph * L + lane) % fk.R) * fk.cpl + k];
-              qpat_[qi * pl.qstride + (k * fk.P + ph) * L + lane] = qv;
-              qls_[qi * pl.lstride + ph * L + lane] += qv;
-            }
-      }
-      if (pl.vnni) {
-        VnniQuery& v = vq_[static_cast<std::size_t>(qi)];
-        std::int8_t* hi = vnni_q_.get() + 2 * qi * pl.vbytes;
-        v.hi = hi;
-        v.lo = hi + pl.vbytes;
-        const float sq = BuildVnniQuery(fk, qp, D, L, hi, hi + pl.vbytes);
-        v.step = sq / static_cast<float>(1 << fk.bits);
-        qstep_[static_cast<std::size_t>(qi)] = sq;
-        for (std::int64_t l = 0; l < L; ++l) {
-          const std::int64_t grp = l % fk.G;
-          float sum = 0.0f;
-          for (std::int64_t j = grp * pl.g; j < (grp + 1) * pl.g; ++j) sum += qp[j];
-          qg_[qi * L + l] = sum;
-        }
-      }
-    }
-    out.m[qi] = -INFINITY;
-    out.l[qi] = 0.0f;
-    std::fill(out.acc_o + qi * Dvp, out.acc_o + (qi + 1) * Dvp, 0.0f);
-    std::fill(out.acc_p + qi * Dvp, out.acc_p + (qi + 1) * Dvp, 0.0f);
-  }
+      q_(q),
+      m_(base + pl.m),
+      l_(base + pl.l),
+      acc_o_(base + pl.acc_o),
+      acc_p_(base + pl.acc_p),
+      lov_(base + pl.lov),
+      accv_(base + pl.accv),
+      accx_(base + pl.accx) {
+  std::fill(base, base + pl.per_part, 0.0f);
+  std::fill(m_, m_ + pl.nq, -INFINITY);
 }
 
 void HeadRun::Request(std::int64_t t, std::int64_t n, LineQueue& lq) const {
@@ -1153,7 +1239,7 @@ void HeadRun::Request(std::int64_t t, std::int64_t n, LineQueue& lq) const {
   if (pl_.fv.ok) PrefetchRows(p_, 1, pl_.fv, b_, h_, t, n, lq);
 }
 
-void HeadRun::Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq) {
+void HeadRun::Block(std::int64_t t, std::int64_t n, const Scratch& s, LineQueue& lq) {
   const AttendParams& p = p_;
   const Plan& pl = pl_;
   const FusedPlan &fk = pl.fk, &fv = pl.fv;
@@ -1161,29 +1247,28 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq) {
   const DF d;
   const std::int64_t L = pl.L, nq = pl.nq, Dp = pl.Dp, Dvp = pl.Dvp, sstride = pl.sstride, xstride = pl.xstride;
   const std::int64_t b = b_, h = h_;
-  const Partial& out = out_;
   const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
   const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
-  float* S = s.S.get();
+  float* S = s.S;
   // Scores of every query row: S[qi][0..n).
   if (use_k && pl.vkeys) {
-    const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, s.klo.get(), s.ksc.get());
+    const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc);
     for (std::int64_t qi = 0; qi < nq; ++qi) {
-      VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, vq_[static_cast<std::size_t>(qi)],
-                    qstep_[static_cast<std::size_t>(qi)], qg_.get() + qi * L, S + qi * sstride, lq);
+      VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, q_.vq[qi],
+                    q_.qstep[qi], q_.qg + qi * L, S + qi * sstride, lq);
     }
   } else if (use_k) {
-    const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, s.klo.get(), s.ksc.get()), n * fk.R, L);
-    const FusedBlock blk{wb, n, s.klo.get(), s.ksc.get()};
+    const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc), n * fk.R, L);
+    const FusedBlock blk{wb, n, s.klo, s.ksc};
     for (std::int64_t qi = 0; qi < nq; ++qi) {
-      Scores(fk, blk, qpat_.get() + qi * pl.qstride, qls_.get() + qi * pl.lstride,
-             pl.vnni ? &vq_[static_cast<std::size_t>(qi)] : nullptr, S + qi * sstride);
+      Scores(fk, blk, q_.qpat + qi * pl.qstride, q_.qls + qi * pl.lstride,
+             pl.vnni ? &q_.vq[qi] : nullptr, S + qi * sstride);
     }
   } else {
-    const bool kp = DecodeBlock(p, 0, b, h, t, n, s.krows.get(), Dp);
+    const bool kp = DecodeBlock(p, 0, b, h, t, n, s.krows, Dp);
     for (std::int64_t qi = 0; qi < nq; ++qi) {
-      const float* qv = (kp ? q_p_.get() : q_o_.get()) + qi * Dp;
-      for (std::int64_t tt = 0; tt < n; ++tt) S[qi * sstride + tt] = Dot(qv, s.krows.get() + tt * Dp, Dp);
+      const float* qv = (kp ? q_.q_p : q_.q_o) + qi * Dp;
+      for (std::int64_t tt = 0; tt < n; ++tt) S[qi * sstride + tt] = Dot(qv, s.krows + tt * Dp, Dp);
     }
   }
   // Online softmax: S becomes the weights exp(s - m) (zero where causally hidden).
@@ -1198,8 +1283,8 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq) {
     for (; tm + L <= vis; tm += L) vmax = hn::Max(vmax, hn::LoadU(d, sr + tm));
     if (tm < vis) vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(d, static_cast<std::size_t>(vis - tm)), hn::LoadU(d, sr + tm), vmax));
     const float m_blk = hn::GetLane(hn::MaxOfLanes(d, vmax));
-    const float m_new = std::max(out.m[qi], m_blk);
-    const float corr = std::exp(out.m[qi] - m_new);
+    const float m_new = std::max(m_[qi], m_blk);
+    const float corr = std::exp(m_[qi] - m_new);
     const VF vm = hn::Set(d, m_new);
     VF vsum = hn::Zero(d);
     std::int64_t tt = 0;
@@ -1214,49 +1299,49 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, Scratch& s, LineQueue& lq) {
       sum += sr[tt];
     }
     std::fill(sr + vis, sr + n, 0.0f);
-    out.l[qi] = out.l[qi] * corr + sum;
+    l_[qi] = l_[qi] * corr + sum;
     if (corr != 1.0f) {
       const VF vc = hn::Set(d, corr);
-      float* ao = out.acc_o + qi * Dvp;
-      float* ap = out.acc_p + qi * Dvp;
+      float* ao = acc_o_ + qi * Dvp;
+      float* ap = acc_p_ + qi * Dvp;
       for (std::int64_t j = 0; j < Dvp; j += L) {
         hn::Store(hn::Mul(hn::Load(d, ao + j), vc), d, ao + j);
         hn::Store(hn::Mul(hn::Load(d, ap + j), vc), d, ap + j);
       }
-      float* ax = accx_.get() + qi * xstride;
+      float* ax = accx_ + qi * xstride;
       for (std::int64_t j = 0; j < xstride; j += L) hn::Store(hn::Mul(hn::Load(d, ax + j), vc), d, ax + j);
-      float* av = accv_.get() + qi * vv.slots();
+      float* av = accv_ + qi * vv.slots();
       for (std::int64_t j = 0; j < vv.slots(); j += L) hn::Store(hn::Mul(hn::Load(d, av + j), vc), d, av + j);
-      float* lo = lov_.get() + qi * fv.Lp;
+      float* lo = lov_ + qi * fv.Lp;
       for (std::int64_t j = 0; j < fv.Lp; j += L) hn::Store(hn::Mul(hn::Load(d, lo + j), vc), d, lo + j);
     }
-    out.m[qi] = m_new;
+    m_[qi] = m_new;
   }
   // Values.
   if (use_v && vv.ok) {
-    const RawRows vr = RawFusedRows(p, 1, fv, b, h, t, n, s.vlo.get(), s.vsc.get());
+    const RawRows vr = RawFusedRows(p, 1, fv, b, h, t, n, s.vlo, s.vsc);
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
-      VnniValues(fv, vv, vr.codes, n, S + qi * sstride, vr.lo, vr.sc, vr.half, accv_.get() + qi * vv.slots(),
-                 lov_.get() + qi * fv.Lp, lq);
+      VnniValues(fv, vv, vr.codes, n, S + qi * sstride, vr.lo, vr.sc, vr.half, accv_ + qi * vv.slots(),
+                 lov_ + qi * fv.Lp, lq);
     }
   } else if (use_v) {
-    const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, s.vlo.get(), s.vsc.get()), n * fv.R, L);
-    const FusedBlock blk{wb, n, s.vlo.get(), s.vsc.get()};
+    const WordBlock wb(FusedRows(p, 1, fv, b, h, t, n, s.vlo, s.vsc), n * fv.R, L);
+    const FusedBlock blk{wb, n, s.vlo, s.vsc};
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       if (std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t) <= 0) continue;
-      Values(fv, blk, S + qi * sstride, accx_.get() + qi * xstride, lov_.get() + qi * fv.Lp);
+      Values(fv, blk, S + qi * sstride, accx_ + qi * xstride, lov_ + qi * fv.Lp);
     }
   } else {
-    const bool vp = DecodeBlock(p, 1, b, h, t, n, s.vrows.get(), Dvp);
+    const bool vp = DecodeBlock(p, 1, b, h, t, n, s.vrows, Dvp);
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       const std::int64_t vis = std::min(n, p.kv_len - p.sq + qi % p.sq + 1 - t);
       if (vis <= 0) continue;
       const float* sr = S + qi * sstride;
-      float* acc = (vp ? out.acc_p : out.acc_o) + qi * Dvp;
+      float* acc = (vp ? acc_p_ : acc_o_) + qi * Dvp;
       for (std::int64_t j = 0; j < Dvp; j += L) {
         VF a = hn::Load(d, acc + j);
-        for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, sr[u]), hn::Load(d, s.vrows.get() + u * Dvp + j), a);
+        for (std::int64_t u = 0; u < vis; ++u) a = hn::MulAdd(hn::Set(d, sr[u]), hn::Load(d, s.vrows + u * Dvp + j), a);
         hn::Store(a, d, acc + j);
       }
     }
@@ -1271,30 +1356,32 @@ void HeadRun::Finish() {
   const std::int64_t L = pl.L;
   if (!fv.ok) return;
   for (std::int64_t qi = 0; qi < pl.nq; ++qi) {
-    float* ap = out_.acc_p + qi * pl.Dvp;
-    const float* ax = accx_.get() + qi * pl.xstride;
-    for (std::int64_t k = 0; k < fv.cpl; ++k)
+    float* ap = acc_p_ + qi * pl.Dvp;
+    const float* ax = accx_ + qi * pl.xstride;
+    for (std::int64_t k = 0; k < fv.cpl && pl.xstride > 0; ++k)
       for (std::int64_t ph = 0; ph < fv.P; ++ph)
         for (std::int64_t lane = 0; lane < L; ++lane) {
           ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
         }
-    const float* av = accv_.get() + qi * vv.slots();
+    const float* av = accv_ + qi * vv.slots();
     for (std::int64_t j = 0; j < vv.J; ++j)
       for (std::int64_t m = 0; m < vv.per_byte; ++m)
         for (std::int64_t l = 0; l < 16; ++l) {
           const std::int64_t pos = 16 * j + l;  // byte of the row; code m of it
           ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
         }
-    const float* lo = lov_.get() + qi * fv.Lp;
-    for (std::int64_t l = 0; l < fv.Lp; ++l) {
-      for (std::int64_t j = (l % fv.G) * pl.g; j < (l % fv.G + 1) * pl.g; ++j) ap[j] += lo[l];
+    const float* lo = lov_ + qi * fv.Lp;  // lane l: group l % G
+    for (std::int64_t grp = 0; grp < fv.G; ++grp) {
+      float sum = 0.0f;
+      for (std::int64_t l = grp; l < fv.Lp; l += fv.G) sum += lo[l];
+      for (std::int64_t j = grp * pl.g; j < (grp + 1) * pl.g; ++j) ap[j] += sum;
     }
   }
 }
 
 void AttendSimd(const AttendParams& p) {
   const Plan pl(p);
-  const std::int64_t nq = pl.nq, Dv = pl.Dv, Dvp = pl.Dvp, L = pl.L;
+  const std::int64_t nq = pl.nq, Dv = pl.Dv, Dvp = pl.Dvp;
   const std::int64_t heads = p.batch * p.num_kv_heads;
   const int threads = std::max(1, p.num_threads);
   // A task walks a group of hpt KV heads of one batch row over one split of
@@ -1316,22 +1403,36 @@ void AttendSimd(const AttendParams& p) {
   const std::int64_t span = RoundUp((p.kv_len + splits - 1) / splits, kBlock);
   splits = (p.kv_len + span - 1) / span;
   const std::int64_t tasks = p.batch * groups * splits;
-  // Per (head, split): m and l, padded so that the accumulators stay vector-aligned.
-  const std::int64_t acc_off = RoundUp(2 * nq, L), per_part = acc_off + 2 * nq * Dvp;
-  auto buf = hwy::AllocateAligned<float>(static_cast<std::size_t>(heads * splits * per_part));
-  auto partial = [&](std::int64_t part) {
-    float* base = buf.get() + part * per_part;
-    return Partial{base, base + nq, base + acc_off, base + acc_off + nq * Dvp};
+  // The call's buffer (the calling thread's, reused): each (head, split)'s
+  // running state, then each head's query layouts, built by the first task
+  // that needs them.
+  thread_local Reused mem;
+  const std::int64_t parts = heads * splits;
+  float* const buf = mem.get(parts * pl.per_part + heads * pl.per_query);
+  float* const queries = buf + parts * pl.per_part;
+  std::vector<VnniQuery> vq(static_cast<std::size_t>(heads * nq));
+  std::vector<HeadQuery> hq(static_cast<std::size_t>(heads));
+  const auto built = std::make_unique<std::once_flag[]>(static_cast<std::size_t>(heads));
+  auto query = [&](std::int64_t head) -> const HeadQuery& {
+    const auto i = static_cast<std::size_t>(head);
+    std::call_once(built[i], [&] {
+      hq[i] = BuildHeadQuery(p, pl, head / p.num_kv_heads, head % p.num_kv_heads, queries + head * pl.per_query,
+                             vq.data() + head * nq);
+    });
+    return hq[i];
   };
   detail::ThreadPool::global().parallel_for(tasks, threads, [&](std::int64_t task) {
     const std::int64_t sp = task % splits, grp = task / splits % groups, b = task / splits / groups;
     const std::int64_t h0 = grp * hpt, h1 = std::min(p.num_kv_heads, h0 + hpt);
     const std::int64_t t0 = sp * span, t1 = std::min(p.kv_len, t0 + span);
-    Scratch scratch(pl);
+    const Scratch scratch(pl);
     LineQueue lq;
     std::vector<HeadRun> runs;
     runs.reserve(static_cast<std::size_t>(h1 - h0));
-    for (std::int64_t h = h0; h < h1; ++h) runs.emplace_back(p, pl, b, h, partial((b * p.num_kv_heads + h) * splits + sp));
+    for (std::int64_t h = h0; h < h1; ++h) {
+      const std::int64_t head = b * p.num_kv_heads + h;
+      runs.emplace_back(p, pl, b, h, query(head), buf + (head * splits + sp) * pl.per_part);
+    }
     // While a head's block is computed, the next (head, block) of the walk
     // is asked for (a few lines at a time, from inside the kernels).
     runs[0].Request(t0, pl.BlockEnd(p, t0, t1) - t0, lq);
@@ -1349,6 +1450,10 @@ void AttendSimd(const AttendParams& p) {
     }
     for (HeadRun& r : runs) r.Finish();
   });
+  auto partial = [&](std::int64_t part) {
+    float* base = buf + part * pl.per_part;
+    return Partial{base + pl.m, base + pl.l, base + pl.acc_o, base + pl.acc_p};
+  };
   std::vector<float> row(static_cast<std::size_t>(Dv));
   for (std::int64_t head = 0; head < heads; ++head) {
     const std::int64_t b = head / p.num_kv_heads, h = head % p.num_kv_heads;
