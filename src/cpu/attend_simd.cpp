@@ -531,26 +531,42 @@ class LineQueue {
     }
     r_[n_++] = {c, c + bytes};
   }
+  // Asks for the next k lines (k: a constant at the call sites, so the common
+  // case is k prefetches at fixed offsets and one compare).
   HWY_INLINE void issue(int k) {
-    for (; k > 0 && i_ < n_; --k) {
-      __builtin_prefetch(r_[i_].p, 0, 3);
-      r_[i_].p += 64;
-      if (r_[i_].p >= r_[i_].end) ++i_;
+    if (cur_ + 64 * k <= end_) {
+      for (int j = 0; j < k; ++j) __builtin_prefetch(cur_ + 64 * j, 0, 3);
+      cur_ += 64 * k;
+      return;
     }
+    IssueAcross(k);
   }
   void drain() {
-    issue(1 << 30);
+    IssueAcross(1 << 30);
     n_ = i_ = 0;
   }
 
  private:
+  // The lines left in the current range, then the next ranges'.
+  HWY_NOINLINE void IssueAcross(int k) {
+    for (;;) {
+      for (; k > 0 && cur_ < end_; --k, cur_ += 64) __builtin_prefetch(cur_, 0, 3);
+      if (k == 0 || i_ == n_) return;
+      cur_ = r_[i_].p;
+      end_ = r_[i_].end;
+      ++i_;
+    }
+  }
+
   static constexpr int kCap = 64;
   struct Range {
     const char* p;
     const char* end;
   };
   Range r_[kCap];
-  int n_ = 0, i_ = 0;
+  int n_ = 0, i_ = 0;          // ranges queued; the next one to start
+  const char* cur_ = nullptr;  // the range being issued: [cur_, end_)
+  const char* end_ = nullptr;
 };
 
 #if HWY_TARGET == HWY_AVX3_DL
@@ -1068,7 +1084,7 @@ struct Plan {
   // a (head, split)'s running state (HeadRun), in floats
   std::int64_t m, l, acc_o, acc_p, lov, accv, accx, per_part;
   // a task's scratch, in floats
-  std::int64_t krows, vrows, S, klo, ksc, vlo, vsc, per_task;
+  std::int64_t krows, vrows, S, klo, ksc, vlo, vsc, row, per_task;
   explicit Plan(const AttendParams& p)
       : L(static_cast<std::int64_t>(hn::Lanes(DF()))),
         Gq(p.num_q_heads / p.num_kv_heads),
@@ -1114,6 +1130,7 @@ struct Plan {
     ksc = t.take(kFused * fk.G + L);
     vlo = t.take(kFused * fv.G + L);
     vsc = t.take(kFused * fv.G + L);
+    row = t.take(Dv);
     per_task = t.size();
   }
   // The end of the block that starts at token t (at most t_end): one segment,
@@ -1128,7 +1145,7 @@ struct Plan {
 // Scratch of one task, reused by every head and block it walks (the worker
 // thread's own storage).
 struct Scratch {
-  float *krows, *vrows, *S, *klo, *ksc, *vlo, *vsc;
+  float *krows, *vrows, *S, *klo, *ksc, *vlo, *vsc, *row;
   explicit Scratch(const Plan& pl) {
     thread_local Reused mem;
     float* base = mem.get(pl.per_task);
@@ -1139,6 +1156,7 @@ struct Scratch {
     ksc = base + pl.ksc;
     vlo = base + pl.vlo;
     vsc = base + pl.vsc;
+    row = base + pl.row;
     // Rows are decoded D channels wide and dotted Dp wide: the padding stays 0.
     if (pl.Dp != pl.D) std::fill(krows, krows + kFused * pl.Dp, 0.0f);
     if (pl.Dvp != pl.Dv) std::fill(vrows, vrows + kFused * pl.Dvp, 0.0f);
@@ -1386,19 +1404,23 @@ void AttendSimd(const AttendParams& p) {
   const int threads = std::max(1, p.num_threads);
   // A task walks a group of hpt KV heads of one batch row over one split of
   // the sequence block by block, every head of the group at each block: the
-  // store holds a chunk's heads next to each other, so the task reads long
-  // runs of each array. Groups are as large as kGroupRows query rows allow
+  // store holds a chunk's heads next to each other, so the task reads runs of
+  // hpt heads' rows of each array. About two tasks a thread, from groups of
+  // at least kGroupHeads heads first (fewer splits: less to combine), then
+  // from splits of the sequence. Groups hold at most kGroupRows query rows
   // (the heads' query layouts and accumulators stay small); dense views keep
   // a head's rows together, so there a task walks one head (as everywhere
   // with SKVQ_CPU_WALK=head, for measuring the difference).
-  constexpr std::int64_t kGroupRows = 256;
+  constexpr std::int64_t kGroupHeads = 8, kGroupRows = 256;
+  const std::int64_t want = 2 * threads;
   const char* walk = std::getenv("SKVQ_CPU_WALK");
   const bool head_major = p.st == nullptr || (walk != nullptr && std::strcmp(walk, "head") == 0);
-  const std::int64_t hpt = head_major ? 1 : std::clamp<std::int64_t>(kGroupRows / nq, 1, p.num_kv_heads);
+  std::int64_t hpt = std::max((heads + want - 1) / want, std::min(p.num_kv_heads, kGroupHeads));
+  hpt = head_major ? 1 : std::clamp<std::int64_t>(hpt, 1, std::min(p.num_kv_heads, std::max<std::int64_t>(1, kGroupRows / nq)));
   const std::int64_t groups = (p.num_kv_heads + hpt - 1) / hpt;
-  // Enough splits of the sequence for two tasks a thread, none shorter than 4 blocks.
+  // Splits of the sequence none shorter than 4 blocks.
   const std::int64_t units = p.batch * groups;
-  std::int64_t splits = std::max<std::int64_t>(1, (2 * threads + units - 1) / units);
+  std::int64_t splits = std::max<std::int64_t>(1, (want + units - 1) / units);
   splits = std::min(splits, std::max<std::int64_t>(1, p.kv_len / (4 * kBlock)));
   const std::int64_t span = RoundUp((p.kv_len + splits - 1) / splits, kBlock);
   splits = (p.kv_len + span - 1) / span;
@@ -1420,6 +1442,33 @@ void AttendSimd(const AttendParams& p) {
                              vq.data() + head * nq);
     });
     return hq[i];
+  };
+  // The output rows of one KV head: its splits' results combined (row: Dv floats of scratch).
+  auto combine = [&](std::int64_t head, float* row) {
+    const std::int64_t b = head / p.num_kv_heads, h = head % p.num_kv_heads;
+    const std::int32_t* vperm = (p.st && !p.st->v.perm.empty()) ? p.st->v.perm.data() + h * Dv : nullptr;
+    auto partial = [&](std::int64_t sp) {
+      float* base = buf + (head * splits + sp) * pl.per_part;
+      return Partial{base + pl.m, base + pl.l, base + pl.acc_o, base + pl.acc_p};
+    };
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      float M = -INFINITY;
+      for (std::int64_t sp = 0; sp < splits; ++sp) M = std::max(M, partial(sp).m[qi]);
+      float Lsum = 0.0f;
+      std::fill(row, row + Dv, 0.0f);
+      for (std::int64_t sp = 0; sp < splits; ++sp) {
+        const Partial pt = partial(sp);
+        if (pt.m[qi] == -INFINITY) continue;
+        const float w = std::exp(pt.m[qi] - M);
+        Lsum += pt.l[qi] * w;
+        for (std::int64_t j = 0; j < Dv; ++j) {
+          row[j] += w * pt.acc_o[qi * Dvp + j];
+          row[vperm ? vperm[j] : j] += w * pt.acc_p[qi * Dvp + j];
+        }
+      }
+      const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
+      for (std::int64_t j = 0; j < Dv; ++j) p.out.set(b, hq, i, j, row[j] / Lsum);
+    }
   };
   detail::ThreadPool::global().parallel_for(tasks, threads, [&](std::int64_t task) {
     const std::int64_t sp = task % splits, grp = task / splits % groups, b = task / splits / groups;
@@ -1449,33 +1498,15 @@ void AttendSimd(const AttendParams& p) {
       t = te;
     }
     for (HeadRun& r : runs) r.Finish();
-  });
-  auto partial = [&](std::int64_t part) {
-    float* base = buf + part * pl.per_part;
-    return Partial{base + pl.m, base + pl.l, base + pl.acc_o, base + pl.acc_p};
-  };
-  std::vector<float> row(static_cast<std::size_t>(Dv));
-  for (std::int64_t head = 0; head < heads; ++head) {
-    const std::int64_t b = head / p.num_kv_heads, h = head % p.num_kv_heads;
-    const std::int32_t* vperm = (p.st && !p.st->v.perm.empty()) ? p.st->v.perm.data() + h * Dv : nullptr;
-    for (std::int64_t qi = 0; qi < nq; ++qi) {
-      float M = -INFINITY;
-      for (std::int64_t sp = 0; sp < splits; ++sp) M = std::max(M, partial(head * splits + sp).m[qi]);
-      float Lsum = 0.0f;
-      std::fill(row.begin(), row.end(), 0.0f);
-      for (std::int64_t sp = 0; sp < splits; ++sp) {
-        const Partial pt = partial(head * splits + sp);
-        if (pt.m[qi] == -INFINITY) continue;
-        const float w = std::exp(pt.m[qi] - M);
-        Lsum += pt.l[qi] * w;
-        for (std::int64_t j = 0; j < Dv; ++j) {
-          row[static_cast<std::size_t>(j)] += w * pt.acc_o[qi * Dvp + j];
-          row[static_cast<std::size_t>(vperm ? vperm[j] : j)] += w * pt.acc_p[qi * Dvp + j];
-        }
-      }
-      const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
-      for (std::int64_t j = 0; j < Dv; ++j) p.out.set(b, hq, i, j, row[static_cast<std::size_t>(j)] / Lsum);
+    if (splits == 1) {
+      for (std::int64_t h = h0; h < h1; ++h) combine(b * p.num_kv_heads + h, scratch.row);
     }
+  });
+  if (splits > 1) {
+    detail::ThreadPool::global().parallel_for(heads, threads, [&](std::int64_t head) {
+      const Scratch scratch(pl);
+      combine(head, scratch.row);
+    });
   }
 }
 
