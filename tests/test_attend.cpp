@@ -21,7 +21,9 @@ struct Case {
   DType dtype;
 };
 
-void run_case(const Case& c, std::uint32_t seed) {
+// const_values: every value 0.75, so every packed value group is constant
+// (scale 0) and the value sums come from the metadata's lo alone.
+void run_case(const Case& c, std::uint32_t seed, bool const_values = false) {
   Config cfg;
   cfg.head_dim = static_cast<int>(c.D);
   cfg.window = c.window;
@@ -33,6 +35,12 @@ void run_case(const Case& c, std::uint32_t seed) {
   SkvqCache cache(cfg);
   Tensor k = randn({c.B, c.H, c.kv_len, c.D}, seed, c.dtype, true);
   Tensor v = randn({c.B, c.H, c.kv_len, c.Dv}, seed + 1, c.dtype, true);
+  if (const_values) {
+    for (std::int64_t b = 0; b < c.B; ++b)
+      for (std::int64_t h = 0; h < c.H; ++h)
+        for (std::int64_t t = 0; t < c.kv_len; ++t)
+          for (std::int64_t d = 0; d < c.Dv; ++d) v.view().set(b, h, t, d, 0.75f);
+  }
   Tensor q = randn({c.B, c.H * c.G, c.Sq, c.D}, seed + 2, DType::f32);
   // Feed in two calls: the history, then the Sq rows the queries belong to.
   if (c.kv_len > c.Sq) {
@@ -114,6 +122,22 @@ TEST(Attend, RandomFusedLayouts) {
     c.dtype = static_cast<DType>(rng() % 3);
     SCOPED_TRACE("trial " + std::to_string(trial));
     run_case(c, 5000 + static_cast<std::uint32_t>(trial) * 7);
+  }
+}
+
+// Blocks of constant value groups (the smallest scales the metadata holds):
+// the value sums come from p * lo alone.
+TEST(Attend, ConstantValueGroups) {
+  const Case cases[] = {
+      // B, H, G, Sq, kv_len, D, Dv, window, sinks, group, bk, bv, meta, dtype
+      {1, 2, 1, 1, 700, 128, 128, 128, 5, 32, 2, 2, MetaType::fp16, DType::f16},
+      {1, 1, 4, 2, 300, 128, 128, 64, 3, 128, 4, 4, MetaType::fp32, DType::f32},
+      {1, 1, 1, 1, 200, 64, 64, 32, 2, 16, 2, 1, MetaType::fp8_e4m3, DType::f16},
+  };
+  std::uint32_t seed = 400;
+  for (const auto& c : cases) {
+    SCOPED_TRACE("kv_len " + std::to_string(c.kv_len) + " group " + std::to_string(c.group));
+    run_case(c, seed += 10, true);
   }
 }
 

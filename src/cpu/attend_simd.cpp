@@ -846,21 +846,31 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   alignas(64) std::int32_t qh[kFused * 4 + 64], ql[kFused * 4 + 64];
   const std::int64_t n4 = (n + 3) / 4 * 4, entries = n4 * G;
   const Expander per_row(G, 16);
-  const std::int64_t end = (entries + 15) / 16 * 16;
-  VF vmax = hn::Zero(d);
-  for (std::int64_t e = 0; e < end; e += 16) {
-    const VF x = hn::Mul(per_row(w, e / 16), VF{MetaLoad<kHalf>(sc, e, n * G - e)});
-    hn::Store(x, d, u + e);
-    vmax = hn::Max(vmax, x);
+  const std::int64_t end = (entries + 15) / 16 * 16, valid = n * G;
+  // One pass over the (row, group) entries: u = p scale, and lov (lane l:
+  // group l % G) += p lo, as FusedValues sums it.
+  VF vmax = hn::Zero(d), lacc = hn::Load(d, lov);
+  const auto entry = [&](std::int64_t e, VF s, VF l) HWY_ATTR {
+    const VF x = per_row(w, e / 16);
+    const VF ue = hn::Mul(x, s);
+    hn::Store(ue, d, u + e);
+    vmax = hn::Max(vmax, ue);
+    lacc = hn::MulAdd(x, l, lacc);
+  };
+  std::int64_t e0 = 0;
+  for (; e0 + 16 <= valid; e0 += 16) entry(e0, VF{MetaLoad<kHalf>(sc, e0, 16)}, VF{MetaLoad<kHalf>(lo, e0, 16)});
+  for (; e0 < end; e0 += 16) {  // metadata past the block's rows read as 0 (their weights are 0 too)
+    entry(e0, VF{MetaLoad<kHalf>(sc, e0, valid - e0)}, VF{MetaLoad<kHalf>(lo, e0, valid - e0)});
   }
-  // (rows past n: scale read as 0)
+  hn::Store(lacc, d, lov);
   const float umax = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  if (!(umax > 0.0f)) return;
+  if (!(umax > 0.0f)) return;  // every scale 0 (or every weight): the block's values are their lo
   const float sw = umax / 32512.0f;
   const VF vinv = hn::Set(d, 1.0f / sw);  // u / sw to within an ulp: |q| <= 32512 still (it rounds to nearest)
   const hn::RebindToSigned<DF> di;
   const auto round16 = [&](std::int64_t e, hn::Vec<decltype(di)>* h, hn::Vec<decltype(di)>* l) HWY_ATTR {
-    const auto q = hn::NearestInt(hn::Mul(hn::Load(d, u + e), vinv));
+    // (|u / sw| <= 32512: the conversion rounds to nearest without saturating)
+    const hn::Vec<decltype(di)> q{_mm512_cvtps_epi32(hn::Mul(hn::Load(d, u + e), vinv).raw)};
     *h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
     *l = hn::Sub(q, hn::ShiftLeft<8>(*h));
   };
@@ -944,11 +954,6 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
       hn::Store(hn::MulAdd(hn::Mul(fh, down), s_hi, hn::MulAdd(hn::Mul(fl, down), s_lo, hn::Load(d, slot))), d, slot);
     }
   }
-  // sum_t p_t lo_t per group, as in FusedValues
-  const Expander per_group(G, 16);
-  VF l = hn::Load(d, lov);
-  for (std::int64_t e = 0; e < n * G; e += 16) l = hn::MulAdd(per_group(w, e / 16), VF{MetaLoad<kHalf>(lo, e, n * G - e)}, l);
-  hn::Store(l, d, lov);
 }
 #endif
 
