@@ -796,7 +796,9 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
 // codes times their weights. Integer sums live for one block (at most
 // 32 * 4 * 255 * 128 per lane), then go, scaled back by 2^-(m bits), to float
 // slots [J][8 / bits][16] (J = row bytes / 16; lane l of slot (j, m) is code m
-// of byte 16 j + l of a row).
+// of byte pos[j][l] of a row, chosen so that a lane meets the same group in
+// every j: one spread of a quad's weights serves all J). A quad's J slices
+// are done together, its rows and weights loaded once.
 // Error: |u - sw q| <= umax / 64000 per (row, group) (rounding to nearest of
 // u times a reciprocal within an ulp), so a block moves sum(p x) by at most
 // n * umax * (2^b - 1) / 64000 <= 128 (2^b - 1) max(scale) / 64000 of the sum
@@ -809,8 +811,11 @@ struct VnniValuePlan {
   alignas(16) std::int8_t tr[16] = {};
   // vpermi2b indices: byte 4 l + t of output j is byte 16 j + l of row t of a quad
   alignas(64) std::uint8_t ix[4][64] = {};
-  // group of lane l of output j
-  alignas(64) std::int32_t gsel[4][16] = {};
+  // group of lane l (the same in every output: a quad's weights are spread once)
+  alignas(64) std::int32_t gsel[16] = {};
+  // byte of the row that lane l of output j holds: the lanes of 128-bit lane i
+  // all lie in group i * G / 4
+  std::int16_t pos[4][16] = {};
   std::int64_t slots() const { return J * per_byte * 16; }
 };
 
@@ -823,12 +828,15 @@ VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
   v.per_byte = 8 / fv.bits;
   for (std::int64_t g = 0; g < 4; ++g)
     for (std::int64_t t = 0; t < 4; ++t) v.tr[g * 4 + t] = static_cast<std::int8_t>(g < fv.G ? t * fv.G + g : 0);
+  const std::int64_t LG = 16 / fv.G, BG = RB / fv.G;  // lanes of a group in one output; bytes of a group
+  for (std::int64_t l = 0; l < 16; ++l) v.gsel[l] = static_cast<std::int32_t>(l / LG);
   for (std::int64_t j = 0; j < v.J; ++j)
     for (std::int64_t l = 0; l < 16; ++l) {
+      const std::int64_t pos = (l / LG) * BG + j * LG + l % LG;
+      v.pos[j][l] = static_cast<std::int16_t>(pos);
       for (std::int64_t t = 0; t < 4; ++t) {  // two source vectors: rows 0-1 and 2-3 when a row is 64 bytes
-        v.ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + 16 * j + l : t * RB + 16 * j + l);
+        v.ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + pos : t * RB + pos);
       }
-      v.gsel[j][l] = static_cast<std::int32_t>(((16 * j + l) / 4) / fv.lpg);
     }
   return v;
 }
@@ -909,10 +917,10 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
   // All J slices of a quad together: its rows and weights are loaded once
   // (D = 128: J * kPerByte = 8, so 16 accumulators at every code width).
-  __m512i idx[J], gsel[J], ah[J][kPerByte], al[J][kPerByte];
+  const __m512i gsel = _mm512_load_si512(vp.gsel);
+  __m512i idx[J], ah[J][kPerByte], al[J][kPerByte];
   for (int j = 0; j < J; ++j) {
     idx[j] = _mm512_load_si512(vp.ix[j]);
-    gsel[j] = _mm512_load_si512(vp.gsel[j]);
     for (int m = 0; m < kPerByte; ++m) ah[j][m] = al[j][m] = _mm512_setzero_si512();
   }
   for (std::int64_t k = 0; k < nq4; ++k) {
@@ -925,8 +933,8 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
       x2 = _mm512_loadu_si512(src + 128);
       x3 = _mm512_loadu_si512(src + 192);
     }
-    const __m512i w16h = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k])));
-    const __m512i w16l = _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k])));
+    const __m512i wh = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k]))));
+    const __m512i wl = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k]))));
     for (int j = 0; j < J; ++j) {
       __m512i y;
       if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
@@ -937,7 +945,6 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
       } else {
         y = _mm512_permutexvar_epi8(idx[j], x0);
       }
-      const __m512i wh = _mm512_permutexvar_epi32(gsel[j], w16h), wl = _mm512_permutexvar_epi32(gsel[j], w16l);
       for (int m = 0; m < kPerByte; ++m) {
         __m512i c = y;
         if constexpr (BITS < 8) c = _mm512_and_si512(y, _mm512_set1_epi8(static_cast<char>(((1 << BITS) - 1) << (m * BITS))));
@@ -1390,7 +1397,7 @@ void HeadRun::Finish() {
     for (std::int64_t j = 0; j < vv.J; ++j)
       for (std::int64_t m = 0; m < vv.per_byte; ++m)
         for (std::int64_t l = 0; l < 16; ++l) {
-          const std::int64_t pos = 16 * j + l;  // byte of the row; code m of it
+          const std::int64_t pos = vv.pos[j][l];  // byte of the row; code m of it
           ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
         }
     const float* lo = lov_ + qi * fv.Lp;  // lane l: group l % G
