@@ -2,13 +2,18 @@
 // and 4/4 bits vs dense fp16 attention through the same kernel vs
 // materialize-then-attend, side by side, with bytes read per step and the
 // machine's copy bandwidth measured in the same run.
-// Usage: bench_attend [--quick | --len N (one row)]
+// Usage: bench_attend [--quick | --len N (one row) | --layout N]
+//   --layout N: K2V2 and K4V4 at kv_len N with the store on huge pages or on
+//   4 KiB pages, walked chunk by chunk or head by head (SKVQ_CPU_WALK=head),
+//   all four timed in turns with the copy.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "bench_util.hpp"
+#include "core/store_alloc.hpp"
 #include "core/thread_pool.hpp"
 #include "skvq/skvq.hpp"
 #include "workload/synthetic.hpp"
@@ -58,9 +63,50 @@ std::int64_t packed_read_bytes(const SkvqCache& c) {
   return s.codes + s.metadata + s.sinks + live_tail;
 }
 
+// What the store's pages and the kernel's walk order bring, side by side.
+int layout_table(std::int64_t len) {
+  Tensor k, v;
+  tiled_kv(len, &k, &v);
+  Tensor q = Tensor(DType::f32, {1, kHeads, 1, kDim});
+  workload::fill_normal(q.view(), 99, 0.5f);
+  Tensor out(DType::f32, {1, kHeads, 1, kDim});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kDim));
+  CopyProbe copy;
+  std::printf("## Store pages and walk order, one decode step: B=1, Hq=H=32, D=128, kv_len %lld, %d threads\n\n",
+              static_cast<long long>(len), detail::ThreadPool::global().size());
+  std::printf("| bits | huge pages, chunk walk ms | huge pages, head walk ms | 4 KiB pages, chunk walk ms | 4 KiB pages, head walk ms | "
+              "copy GB/s | %%bw (huge, chunk) | %%bw (4 KiB, head) |\n|---|---|---|---|---|---|---|---|\n");
+  for (int bits : {2, 4}) {
+    Config c;
+    c.head_dim = kDim;
+    c.dense_view = false;
+    c.bits_key = c.bits_value = bits;
+    SkvqCache huge(c), small(c);
+    detail::store_use_regions(true);
+    huge.append(k.view(), v.view());
+    detail::store_use_regions(false);
+    small.append(k.view(), v.view());
+    detail::store_use_regions(true);
+    auto step = [&](const SkvqCache& cache, bool head_walk) {
+      if (head_walk) setenv("SKVQ_CPU_WALK", "head", 1);
+      attend(cache, q.view(), scale, out.view());
+      if (head_walk) unsetenv("SKVQ_CPU_WALK");
+    };
+    const std::vector<double> med = bench::interleaved_medians(
+        7, {[&] { copy.run(); }, [&] { step(huge, false); }, [&] { step(huge, true); }, [&] { step(small, false); },
+            [&] { step(small, true); }});
+    const double bw = CopyProbe::bandwidth(med[0]), bytes = static_cast<double>(packed_read_bytes(huge));
+    std::printf("| K%dV%d g32 | %.3f | %.3f | %.3f | %.3f | %.1f | %.0f%% | %.0f%% |\n", bits, bits, med[1] * 1e3, med[2] * 1e3,
+                med[3] * 1e3, med[4] * 1e3, bw / 1e9, 100 * bytes / med[1] / bw, 100 * bytes / med[4] / bw);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[1], "--layout") == 0) return layout_table(std::atoll(argv[2]));
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int threads = detail::ThreadPool::global().size();
   std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads\n\n", threads);

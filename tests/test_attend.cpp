@@ -102,9 +102,9 @@ TEST(Attend, MatchesDenseAttentionOverReturnedTensors) {
 // Random shapes inside the fused paths' layouts (1/2/4/8 bits, D and groups
 // of whole 32-bit words): VNNI keys and values, partial quads and blocks,
 // grouped-query rows, causal prefill, every metadata mode and dtype.
-TEST(Attend, RandomFusedLayouts) {
-  std::mt19937 rng(1234);
-  for (int trial = 0; trial < 100; ++trial) {
+void random_fused_layouts(std::uint32_t seed, int trials) {
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
     Case c;
     c.B = 1 + rng() % 2;
     c.H = 1 + rng() % 2;
@@ -121,8 +121,19 @@ TEST(Attend, RandomFusedLayouts) {
     c.meta = static_cast<MetaType>(rng() % 3);
     c.dtype = static_cast<DType>(rng() % 3);
     SCOPED_TRACE("trial " + std::to_string(trial));
-    run_case(c, 5000 + static_cast<std::uint32_t>(trial) * 7);
+    run_case(c, seed + 5000 + static_cast<std::uint32_t>(trial) * 7);
   }
+}
+
+TEST(Attend, RandomFusedLayouts) { random_fused_layouts(1234, 100); }
+
+// The key kernel's form without GFNI (the default where the processor has it).
+TEST(Attend, RandomFusedLayoutsWithoutGfni) {
+  struct Env {
+    Env() { setenv("SKVQ_CPU_GFNI", "0", 1); }
+    ~Env() { unsetenv("SKVQ_CPU_GFNI"); }
+  } env;
+  random_fused_layouts(4321, 40);
 }
 
 // Blocks of constant value groups (the smallest scales the metadata holds):
