@@ -843,12 +843,11 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
 struct VnniValuePlan {
   bool ok = false;
   std::int64_t J = 0, per_byte = 0;
-  // byte shuffle of a quad's 4G weights, rows-major -> groups-major
-  alignas(16) std::int8_t tr[16] = {};
+  // vpermb indices from a quad's 4G weights as int32 lanes (row t, group g at
+  // lane t G + g) to byte t of lane l = row t's weight of lane l's group
+  alignas(64) std::uint8_t wix[64] = {};
   // vpermi2b indices: byte 4 l + t of output j is byte 16 j + l of row t of a quad
   alignas(64) std::uint8_t ix[4][64] = {};
-  // group of lane l (the same in every output: a quad's weights are spread once)
-  alignas(64) std::int32_t gsel[16] = {};
   // byte of the row that lane l of output j holds: the lanes of 128-bit lane i
   // all lie in group i * G / 4
   std::int16_t pos[4][16] = {};
@@ -862,10 +861,9 @@ VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
   v.ok = true;
   v.J = RB / 16;
   v.per_byte = 8 / fv.bits;
-  for (std::int64_t g = 0; g < 4; ++g)
-    for (std::int64_t t = 0; t < 4; ++t) v.tr[g * 4 + t] = static_cast<std::int8_t>(g < fv.G ? t * fv.G + g : 0);
   const std::int64_t LG = 16 / fv.G, BG = RB / fv.G;  // lanes of a group in one output; bytes of a group
-  for (std::int64_t l = 0; l < 16; ++l) v.gsel[l] = static_cast<std::int32_t>(l / LG);
+  for (std::int64_t l = 0; l < 16; ++l)  // lane l meets group l / LG in every output
+    for (std::int64_t t = 0; t < 4; ++t) v.wix[4 * l + t] = static_cast<std::uint8_t>(4 * (t * fv.G + l / LG));
   for (std::int64_t j = 0; j < v.J; ++j)
     for (std::int64_t l = 0; l < 16; ++l) {
       const std::int64_t pos = (l / LG) * BG + j * LG + l % LG;
@@ -887,7 +885,6 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const DF d;
   // weights u[t * G + g] for t < n (rows from n on: 0)
   alignas(64) float u[kFused * 4 + 64];
-  alignas(64) std::int32_t qh[kFused * 4 + 64], ql[kFused * 4 + 64];
   const std::int64_t n4 = (n + 3) / 4 * 4, entries = n4 * G;
   const Expander per_row(G, 16);
   const std::int64_t end = (entries + 15) / 16 * 16, valid = n * G;
@@ -910,40 +907,8 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const float umax = hn::GetLane(hn::MaxOfLanes(d, vmax));
   if (!(umax > 0.0f)) return;  // every scale 0 (or every weight): the block's values are their lo
   const float sw = umax / 32512.0f;
-  const VF vinv = hn::Set(d, 1.0f / sw);  // u / sw to within an ulp: |q| <= 32512 still (it rounds to nearest)
-  const hn::RebindToSigned<DF> di;
-  const auto round16 = [&](std::int64_t e, hn::Vec<decltype(di)>* h, hn::Vec<decltype(di)>* l) HWY_ATTR {
-    // (|u / sw| <= 32512: the conversion rounds to nearest without saturating)
-    const hn::Vec<decltype(di)> q{_mm512_cvtps_epi32(hn::Mul(hn::Load(d, u + e), vinv).raw)};
-    *h = hn::ShiftRight<8>(hn::Add(q, hn::Set(di, 128)));
-    *l = hn::Sub(q, hn::ShiftLeft<8>(*h));
-  };
-  // Per quad: 16 bytes, dword g = the 4 rows' int8 weights of group g.
+  hn::Store(hn::Zero(d), d, u + end);  // a quad's 16-lane load past the last entries reads zeros
   const std::int64_t nq4 = n4 / 4;
-  alignas(64) std::int8_t wqh[kFused / 4][16], wql[kFused / 4][16];
-  const __m128i trv = _mm_load_si128(reinterpret_cast<const __m128i*>(vp.tr));
-  if (G == 4) {  // a quad is one vector of entries: no trip through qh / ql (~4% in L3)
-    for (std::int64_t k = 0; k < nq4; ++k) {
-      hn::Vec<decltype(di)> h, l;
-      round16(16 * k, &h, &l);
-      _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(h.raw), trv));
-      _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]), _mm_shuffle_epi8(_mm512_cvtepi32_epi8(l.raw), trv));
-    }
-  } else {
-    for (std::int64_t e = 0; e < end; e += 16) {
-      hn::Vec<decltype(di)> h, l;
-      round16(e, &h, &l);
-      hn::Store(h, di, qh + e);
-      hn::Store(l, di, ql + e);
-    }
-    const __mmask16 em = static_cast<__mmask16>((1u << (4 * G)) - 1u);
-    for (std::int64_t k = 0; k < nq4; ++k) {
-      _mm_store_si128(reinterpret_cast<__m128i*>(wqh[k]),
-                      _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, qh + 4 * k * G)), trv));
-      _mm_store_si128(reinterpret_cast<__m128i*>(wql[k]),
-                      _mm_shuffle_epi8(_mm512_cvtepi32_epi8(_mm512_maskz_loadu_epi32(em, ql + 4 * k * G)), trv));
-    }
-  }
   // The last, partial quad from a zero-padded copy (its weights are zero too).
   alignas(64) std::uint8_t pad[256] = {};
   const std::int64_t full = n / 4;
@@ -953,7 +918,8 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   const VF s_hi = hn::Set(d, 256.0f * sw), s_lo = hn::Set(d, sw);
   // All J slices of a quad together: its rows and weights are loaded once
   // (D = 128: J * kPerByte = 8, so 16 accumulators at every code width).
-  const __m512i gsel = _mm512_load_si512(vp.gsel);
+  const __m512i wix = _mm512_load_si512(vp.wix), c128 = _mm512_set1_epi32(128);
+  const __m512 vinv = _mm512_set1_ps(1.0f / sw);  // u / sw to within an ulp: |q| <= 32512 still (it rounds to nearest)
   __m512i idx[J], ah[J][kPerByte], al[J][kPerByte];
   for (int j = 0; j < J; ++j) {
     idx[j] = _mm512_load_si512(vp.ix[j]);
@@ -969,8 +935,13 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
       x2 = _mm512_loadu_si512(src + 128);
       x3 = _mm512_loadu_si512(src + 192);
     }
-    const __m512i wh = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wqh[k]))));
-    const __m512i wl = _mm512_permutexvar_epi32(gsel, _mm512_castsi128_si512(_mm_load_si128(reinterpret_cast<const __m128i*>(wql[k]))));
+    // The quad's weights to 16 bits, q = 256 hi + lo (hi, lo int8; |u / sw| <=
+    // 32512, so the conversion rounds to nearest without saturating), then
+    // byte t of lane l = row t's weight of lane l's group.
+    const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(u + 4 * G * k), vinv));
+    const __m512i qhi = _mm512_srai_epi32(_mm512_add_epi32(q, c128), 8);
+    const __m512i qlo = _mm512_sub_epi32(q, _mm512_slli_epi32(qhi, 8));
+    const __m512i wh = _mm512_permutexvar_epi8(wix, qhi), wl = _mm512_permutexvar_epi8(wix, qlo);
     for (int j = 0; j < J; ++j) {
       __m512i y;
       if constexpr (RB == 64) {  // rows 0, 1 from x0, x1 and rows 2, 3 from x2, x3
