@@ -127,15 +127,6 @@ void random_fused_layouts(std::uint32_t seed, int trials) {
 
 TEST(Attend, RandomFusedLayouts) { random_fused_layouts(1234, 100); }
 
-// The key kernel's form without GFNI (the default where the processor has it).
-TEST(Attend, RandomFusedLayoutsWithoutGfni) {
-  struct Env {
-    Env() { setenv("SKVQ_CPU_GFNI", "0", 1); }
-    ~Env() { unsetenv("SKVQ_CPU_GFNI"); }
-  } env;
-  random_fused_layouts(4321, 40);
-}
-
 // Blocks of constant value groups (the smallest scales the metadata holds):
 // the value sums come from p * lo alone.
 TEST(Attend, ConstantValueGroups) {

@@ -608,24 +608,11 @@ HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
 // BITS: code width; R: words a row (1..16, a power of two); LPG: words a group.
 // lo, sc: [row][group] metadata, fp16 as stored (kHalf) or float; qg[l]: the sum of q over group l % G's channels; s: the
 // query's rounding step (q ~ s qi).
-// kGfni: code slices m >= 1 come out of the bytes by one GF(2) affine map
-// each (bits m*BITS.. moved to the bottom, the rest cleared) instead of a
-// shift and a mask. Both forms are compiled with GFNI allowed (every AVX3_DL
-// processor has it; newer Highway versions require it) and the GFNI one is
-// chosen only where the processor reports it.
-#pragma GCC push_options
-#pragma GCC target("gfni")
-template <int BITS, int R, int LPG, bool kHalf, bool kGfni>
+template <int BITS, int R, int LPG, bool kHalf>
 void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
                                float s, const float* qg, float* scores, LineQueue& lq) {
   constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  __m512i slice[kPerByte];  // GF(2) matrices: output bit i = input bit i + m BITS, for i < BITS
-  for (int m = 0; m < kPerByte; ++m) {
-    std::uint64_t a = 0;
-    for (int i = 0; i < BITS; ++i) a |= std::uint64_t{1} << (i + m * BITS) << (8 * (7 - i));
-    slice[m] = _mm512_set1_epi64(static_cast<long long>(a));
-  }
   __m512i qh[kPerByte], ql[kPerByte];
   for (int m = 0; m < kPerByte; ++m) {
     qh[m] = _mm512_load_si512(vq.hi + m * 64);
@@ -646,13 +633,8 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, c
       const __m512i w = _mm512_loadu_si512(src + 64 * v);
       __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
       for (int m = 0; m < kPerByte; ++m) {
-        __m512i x;
-        if constexpr (kGfni && BITS < 8) {
-          x = m == 0 ? _mm512_and_si512(w, mask) : _mm512_gf2p8affine_epi64_epi8(w, slice[m], 0);
-        } else {
-          x = m == 0 ? w : _mm512_srli_epi32(w, static_cast<unsigned>(m * BITS));
-          if constexpr (BITS < 8) x = _mm512_and_si512(x, mask);
-        }
+        __m512i x = m == 0 ? w : _mm512_srli_epi32(w, static_cast<unsigned>(m * BITS));
+        if constexpr (BITS < 8) x = _mm512_and_si512(x, mask);
         ah = Dpbusd(ah, x, qh[m]);
         al = Dpbusd(al, x, ql[m]);
       }
@@ -673,38 +655,20 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, c
     _mm512_storeu_ps(scores + t0, z[0]);  // scores has 16 floats of room past the block
   }
 }
-#pragma GCC pop_options
 #endif
-
-// Whether the key kernel takes its GFNI form: where the processor has GFNI,
-// unless SKVQ_CPU_GFNI=0 (read once a call; tests cover both forms).
-bool UseGfni() {
-#if HWY_TARGET == HWY_AVX3_DL
-  static const bool has = __builtin_cpu_supports("gfni");
-  const char* e = std::getenv("SKVQ_CPU_GFNI");
-  return has && !(e != nullptr && std::strcmp(e, "0") == 0);
-#else
-  return false;
-#endif
-}
 
 // The integer key path above applies: rows of 1..16 whole words, a power of two.
 bool VnniKeysOk(const FusedPlan& fk) {
   return kVnni && fk.ok && fk.R <= 16 && (fk.R & (fk.R - 1)) == 0 && fk.lpg >= 1 && fk.lpg <= fk.R;
 }
 
-// gfni: UseGfni() of the call.
 void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
-                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq, bool gfni) {
+                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq) {
 #if HWY_TARGET == HWY_AVX3_DL
   // (bits, R, lpg, half) -> instantiation; lpg <= R, all powers of two
   auto go = [&]<int BITS, int R, int LPG>() {
-    if (gfni) {
-      if (half) return VnniKeyScoresT<BITS, R, LPG, true, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
-      return VnniKeyScoresT<BITS, R, LPG, false, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
-    }
-    if (half) return VnniKeyScoresT<BITS, R, LPG, true, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
-    return VnniKeyScoresT<BITS, R, LPG, false, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
   };
   auto by_lpg = [&]<int BITS, int R>() {
     switch (fk.lpg) {
@@ -726,7 +690,7 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
   };
   ByBits(fk.bits, by_r);
 #else
-  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores, (void)lq, (void)gfni;
+  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores, (void)lq;
 #endif
 }
 
@@ -1095,7 +1059,7 @@ struct Plan {
   std::int64_t L, Gq, nq, D, Dv, Dp, Dvp, g;
   FusedPlan fk, fv;
   VnniValuePlan vv;
-  bool vnni, vkeys, gfni;
+  bool vnni, vkeys;
   // strides of the per query row arrays (0 where the kernels in use need none)
   std::int64_t qstride, lstride, xstride, sstride, vbytes;
   // a head's query layouts (HeadQuery), in floats
@@ -1118,7 +1082,6 @@ struct Plan {
         vv(PlanVnniValues(fv)),
         vnni(kVnni && fk.ok),
         vkeys(vnni && VnniKeysOk(fk)),
-        gfni(vkeys && UseGfni()),
         qstride(fk.ok && !vkeys ? fk.slots() * L : 0),
         lstride(fk.ok && !vkeys ? fk.P * L : 0),
         xstride(fv.ok && !vv.ok ? fv.slots() * L : 0),
@@ -1293,7 +1256,7 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, const Scratch& s, LineQueue&
     const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc);
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, q_.vq[qi],
-                    q_.qstep[qi], q_.qg + qi * L, S + qi * sstride, lq, pl.gfni);
+                    q_.qstep[qi], q_.qg + qi * L, S + qi * sstride, lq);
     }
   } else if (use_k) {
     const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc), n * fk.R, L);
