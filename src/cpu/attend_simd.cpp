@@ -610,7 +610,7 @@ HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
 // query's rounding step (q ~ s qi).
 template <int BITS, int R, int LPG, bool kHalf>
 void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
-                               float s, const float* qg, float* scores, LineQueue& lq) {
+                    float s, const float* qg, float* scores, LineQueue& lq) {
   constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
   __m512i qh[kPerByte], ql[kPerByte];
@@ -810,7 +810,7 @@ struct VnniValuePlan {
   // vpermb indices from a quad's 4G weights as int32 lanes (row t, group g at
   // lane t G + g) to byte t of lane l = row t's weight of lane l's group
   alignas(64) std::uint8_t wix[64] = {};
-  // vpermi2b indices: byte 4 l + t of output j is byte 16 j + l of row t of a quad
+  // vpermi2b indices: byte 4 l + t of output j is byte pos[j][l] of row t of a quad
   alignas(64) std::uint8_t ix[4][64] = {};
   // byte of the row that lane l of output j holds: the lanes of 128-bit lane i
   // all lie in group i * G / 4
