@@ -3,6 +3,8 @@
 // returns, with the tolerances derived in docs/numerics.md.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "cpu/quantize_simd.hpp"
 #include "ref/attention.hpp"
 #include "test_util.hpp"
@@ -126,6 +128,16 @@ void random_fused_layouts(std::uint32_t seed, int trials) {
 }
 
 TEST(Attend, RandomFusedLayouts) { random_fused_layouts(1234, 100); }
+
+// The packed store walked one KV head at a time (SKVQ_CPU_WALK=head, the
+// benchmarks' comparison; by default a task walks a group of heads).
+TEST(Attend, RandomFusedLayoutsHeadByHead) {
+  struct Env {
+    Env() { setenv("SKVQ_CPU_WALK", "head", 1); }
+    ~Env() { unsetenv("SKVQ_CPU_WALK"); }
+  } env;
+  random_fused_layouts(4321, 30);
+}
 
 // Blocks of constant value groups (the smallest scales the metadata holds):
 // the value sums come from p * lo alone.
