@@ -24,7 +24,8 @@ struct Case {
 };
 
 // const_values: every value 0.75, so every packed value group is constant
-// (scale 0) and the value sums come from the metadata's lo alone.
+// (its scale the spec's floor 1e-8, 0 once rounded to fp16 or e4m3) and the
+// value sums come from the metadata's lo.
 void run_case(const Case& c, std::uint32_t seed, bool const_values = false) {
   Config cfg;
   cfg.head_dim = static_cast<int>(c.D);

@@ -153,6 +153,11 @@ void Dequant(float* row, std::int64_t D, int g, const std::uint8_t* lo, const st
   }
 }
 
+// Whether token t is a row of the packed body (not a sink, not in the tail).
+bool InPackedBody(const AttendParams& p, std::int64_t t) {
+  return p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
+}
+
 // Token t's segment: the first token after t's segment.
 std::int64_t SegmentEnd(const AttendParams& p, std::int64_t t) {
   if (p.st == nullptr) return p.kv_len;
@@ -289,7 +294,7 @@ float Dot(const float* a, const float* b, std::int64_t n) {  // n: a multiple of
   return hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
 }
 
-struct Partial {  // per task and query row
+struct Partial {  // per (KV head, split) and query row
   float* m;      // [nq]
   float* l;      // [nq]
   float* acc_o;  // [nq][Dvp] original channel order
@@ -1119,8 +1124,7 @@ struct Plan {
   // The end of the block that starts at token t (at most t_end): one segment,
   // kFused rows on the fused path, kBlock otherwise.
   std::int64_t BlockEnd(const AttendParams& p, std::int64_t t, std::int64_t t_end) const {
-    const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
-    const std::int64_t n = packed && (fk.ok || fv.ok) ? kFused : kBlock;
+    const std::int64_t n = InPackedBody(p, t) && (fk.ok || fv.ok) ? kFused : kBlock;
     return std::min({t + n, SegmentEnd(p, t), t_end});
   }
 };
@@ -1235,7 +1239,7 @@ HeadRun::HeadRun(const AttendParams& p, const Plan& pl, std::int64_t b, std::int
 }
 
 void HeadRun::Request(std::int64_t t, std::int64_t n, LineQueue& lq) const {
-  if (p_.st == nullptr || t < p_.st->sinks_held() || t >= p_.st->q_end) return;
+  if (!InPackedBody(p_, t)) return;
   if (pl_.fk.ok) PrefetchRows(p_, 0, pl_.fk, b_, h_, t, n, lq);
   if (pl_.fv.ok) PrefetchRows(p_, 1, pl_.fv, b_, h_, t, n, lq);
 }
@@ -1248,7 +1252,7 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, const Scratch& s, LineQueue&
   const DF d;
   const std::int64_t L = pl.L, nq = pl.nq, Dp = pl.Dp, Dvp = pl.Dvp, sstride = pl.sstride, xstride = pl.xstride;
   const std::int64_t b = b_, h = h_;
-  const bool packed = p.st != nullptr && t >= p.st->sinks_held() && t < p.st->q_end;
+  const bool packed = InPackedBody(p, t);
   const bool use_k = packed && fk.ok, use_v = packed && fv.ok;
   float* S = s.S;
   // Scores of every query row: S[qi][0..n).
