@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/fast_div.hpp"
 #include "cuda/selfcheck.hpp"
 #include "ref/attention.hpp"
 #include "skvq/cuda.hpp"
@@ -84,6 +85,31 @@ std::vector<Case> cases() {
       {gpu_config(512, 7, 128, 2, 2, MetaType::fp16), 1, 2, 1400, {1000, 400}},
       {gpu_config(128, 3, 64, 2, 2, MetaType::fp8_e4m3), 1, 2, 500, {500}},
   };
+}
+
+// The flush kernels' block indices come from FastDiv (multiply-high, add,
+// shift); checked on the host against the division for divisors 1 to 4096,
+// the powers of two and random ones, at dividends near multiples and at the
+// ends of the range (below 2^31). Needs no GPU.
+TEST(Cuda, FastDivMatchesDivision) {
+  std::mt19937 rng(5);
+  std::vector<std::uint32_t> divisors;
+  for (std::uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (int s = 12; s < 31; ++s) divisors.push_back(std::uint32_t{1} << s);
+  for (int i = 0; i < 2000; ++i) divisors.push_back(1 + rng() % 0x7FFFFFFFu);
+  std::size_t bad = 0;
+  for (std::uint32_t d : divisors) {
+    const cuda::FastDiv f(d);
+    std::vector<std::uint32_t> ns = {0, 1, d - 1, d, d + 1, 0x7FFFFFFFu, 0x7FFFFFFFu - d};
+    for (std::uint32_t k : {2u, 3u, 1000u, 65535u})
+      if (static_cast<std::uint64_t>(d) * k < 0x80000000u) ns.insert(ns.end(), {d * k - 1, d * k, d * k + 1});
+    for (int i = 0; i < 64; ++i) ns.push_back(rng() & 0x7FFFFFFFu);
+    for (std::uint32_t n : ns) {
+      if (n >= 0x80000000u) continue;
+      if (f.div(n) != n / d && bad++ < 5) ADD_FAILURE() << n << " / " << d << ": " << f.div(n) << " instead of " << n / d;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA
@@ -172,6 +198,70 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
               }
         SkvqCache cpu(cfg);
         cuda::DeviceCache gpu(cfg, 1, 2, 128, 96);
+        cpu.append(k.view(), v.view());
+        gpu.append(k.view(), v.view());
+        ASSERT_TRUE(gpu.to_host().same_state(cpu))
+            << "bits " << bits << " group " << group << " meta " << static_cast<int>(meta) << " search " << search;
+      }
+    }
+  }
+}
+
+// Values on and next to the codes' boundaries: each group (reorder off, so a
+// group is a channel range) spans a random [gmin, gmax], and its other values
+// sit within 3 fp16 steps of lo + (k - 0.5) * scale, where the code changes
+// (the flush finds those boundaries as fp16 thresholds at 1 and 2 bits and
+// codes by comparison; at 4 and 8 bits it forms every quotient). Also
+// groups of one value and of two.
+TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
+  REQUIRE_GPU();
+  const auto step = [](float x, int n) {  // n fp16 steps up (down for n < 0); x an fp16 value
+    std::uint16_t h = f32_to_f16(x);
+    for (; n != 0; n += n > 0 ? -1 : 1) {
+      const bool up = n > 0;
+      if (h == 0x8000) h = 0;  // -0 -> +0 (the same value)
+      if (h == 0) h = up ? 0x0001 : 0x8001;
+      else if ((h & 0x8000) == 0) h = static_cast<std::uint16_t>(up ? h + 1 : h - 1);
+      else h = static_cast<std::uint16_t>(up ? h - 1 : h + 1);
+    }
+    return f16_to_f32(h);
+  };
+  const auto fp16 = [](float x) { return f16_to_f32(f32_to_f16(x)); };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> mag(-6.0f, 4.0f), unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int> nudge(-3, 3);
+  int n = 0;
+  for (int bits : {1, 2, 4}) {
+    for (int group : {16, 32, 128}) {
+      for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+        const bool search = (n++ % 3) == 0;
+        Config cfg = gpu_config(32, 1, group, bits, bits, meta, false);
+        if (!search) cfg = no_search(cfg, (n % 2) ? 1.0f : 0.93f);
+        const float levels = static_cast<float>((1 << bits) - 1), alpha = search ? 1.0f : cfg.clip_alpha;
+        const std::int64_t S = 96;
+        Tensor k = randn({1, 2, S, 128}, 500 + n, DType::f16, true), v = randn({1, 2, S, 128}, 900 + n, DType::f16, true);
+        for (Tensor* t : {&k, &v})
+          for (std::int64_t h = 0; h < 2; ++h)
+            for (std::int64_t s = 0; s < S; ++s)
+              for (std::int64_t j0 = 0; j0 < 128; j0 += group) {
+                const float a = std::ldexp(unit(rng) * 2.0f - 1.0f, static_cast<int>(mag(rng)));
+                const float b = a + std::ldexp(0.5f + unit(rng), static_cast<int>(mag(rng)));
+                const float gmin = fp16(a), gmax = fp16(b);
+                const float mid = (gmin + gmax) * 0.5f, tt = alpha * (gmax - gmin);
+                const float lo = mid - tt * 0.5f, sc = tt / levels;
+                const int kind = static_cast<int>((s + j0) % 8);
+                for (std::int64_t j = j0; j < j0 + group; ++j) {
+                  float x = fp16(lo + (static_cast<float>(rng() % (1u << bits)) + 0.5f) * sc);
+                  x = step(x, nudge(rng));
+                  if (j == j0) x = gmin;
+                  if (j == j0 + 1) x = gmax;
+                  if (kind == 0) x = gmin;                                      // a group of one value
+                  if (kind == 1 && j > j0 + 1) x = (j % 2) ? gmin : gmax;      // two values
+                  t->view().set(0, h, s, j, x);
+                }
+              }
+        SkvqCache cpu(cfg);
+        cuda::DeviceCache gpu(cfg, 1, 2, 128, S);
         cpu.append(k.view(), v.view());
         gpu.append(k.view(), v.view());
         ASSERT_TRUE(gpu.to_host().same_state(cpu))

@@ -60,8 +60,7 @@ struct DeviceCacheImpl {
   std::int64_t offset = 0, q_end = 0, tokens_seen = 0, fp16_k = 0, fp16_v = 0;
   bool perms_ready = false;
   DevSide k, v;
-  float* grid = nullptr;
-  int n_grid = 0;
+  std::vector<float> grid;  // the clip factors
   std::vector<void*> allocations;
   std::int64_t allocated = 0;
 
@@ -107,8 +106,8 @@ struct DeviceCacheImpl {
     f.group = cfg.group_size;
     f.meta = static_cast<int>(cfg.metadata);
     f.meta_bytes = meta_bytes(cfg.metadata);
-    f.grid = grid;
-    f.n_grid = n_grid;
+    f.n_grid = static_cast<int>(grid.size());  // run_flush rejects a grid it has no kernel for
+    std::copy_n(grid.begin(), std::min<std::size_t>(grid.size(), FlushParams::kMaxGrid), f.grid);
     return f;
   }
   // Flushes n_chunks windows of both sides; their rows are token `first` on in ks/vs.
@@ -167,10 +166,7 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   d.slots = (capacity + config.window - 1) / config.window;
   d.init_side(d.k, config.head_dim, config.bits_key);
   d.init_side(d.v, static_cast<int>(v_head_dim), config.bits_value);
-  const std::vector<float> grid = config.clip_grid();
-  d.n_grid = static_cast<int>(grid.size());
-  d.grid = static_cast<float*>(d.alloc(grid.size() * 4));
-  copy_to_device(d.grid, grid.data(), grid.size() * 4);
+  d.grid = config.clip_grid();
 }
 
 DeviceCache::~DeviceCache() = default;

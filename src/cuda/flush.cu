@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "cuda/common.cuh"
+#include "cuda/fast_div.hpp"
 #include "cuda/kernels.cuh"
 #include "cuda/selfcheck.hpp"
 #include "skvq/cuda.hpp"
@@ -173,7 +174,7 @@ struct Factors {
     const float inv_levels = 1.0f / levels;
 #pragma unroll
     for (int a = 0; a < NA; ++a) {
-      const float tt = __fmul_rn(f.grid[a], rng);
+      const float tt = __fmul_rn(f.grid[a], rng);  // (the factors came with the launch: constant memory)
       lo[a] = __fsub_rn(mid, __fmul_rn(tt, 0.5f));
       scale[a] = fmaxf(quotient_rn(tt, levels, inv_levels), 1e-8f);
       round_meta(f.meta, lo[a], scale[a]);
@@ -239,6 +240,88 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
       acc += bits_of(v.y) << ((e + 1) * BITS);
     }
     out16[w] = static_cast<unsigned short>(acc);
+  }
+}
+
+// At 1 and 2 bits a code is a count of thresholds: the code of x,
+// clamp(rint(RN((x - lo) / scale)), 0, levels), is monotonic in x (a rounded
+// subtraction, a correctly rounded division by a positive scale, rint and a
+// clamp), so among a group's fp16 values code(x) >= k exactly when x >= X_k,
+// the smallest fp16 value whose code reaches k. X_k is certified by the exact
+// code of two neighbouring fp16 values a < b, one on each side, chosen around
+// the estimate lo + (k - 0.5) * scale (within a float rounding or two of the
+// boundary); then a value costs 1-3 fp16 pair comparisons instead of the
+// quotient's ~10 float operations. Comparisons need no special cases: -0 ==
+// +0 (their codes are equal too) and a NaN slot compares false everywhere,
+// code 0, as code_plus_round gives it.
+// fp16 bit patterns as keys in the order of their values, -0 and +0 one key.
+__device__ __forceinline__ int half_key(__half x) {
+  const int h = __half_as_ushort(x);
+  return (h & 0x8000) ? 0x10000 - h : h + 0x8000;
+}
+__device__ __forceinline__ __half key_half(int k) {
+  return __ushort_as_half(static_cast<unsigned short>(k >= 0x8000 ? k - 0x8000 : 0x10000 - k));
+}
+
+template <int BITS>
+struct CodeThresholds {
+  static constexpr int kLevels = (1 << BITS) - 1;
+  __half2 X[kLevels];  // X_k in both halves
+  // false: the estimate was too far off to certify a threshold (the caller then codes value by value)
+  __device__ __forceinline__ bool find(float gmin, float gmax, float lo, float scale, float inv) {
+    constexpr float levels = static_cast<float>(kLevels);
+    const int kmin = half_key(__float2half_rn(gmin)), kmax = half_key(__float2half_rn(gmax));
+    bool ok = true;
+#pragma unroll
+    for (int k = 1; k <= kLevels; ++k) {
+      // code(value of key) >= k, exactly as pack_codes forms it (k >= 1: the clamp at 0 cannot matter, nor
+      // at levels >= k); a key past +-65504 is an infinity, whose NaN quotient reads as "no"
+      const auto reaches = [&](int key) {
+        return code_plus_round<false>(__half2float(key_half(key)), lo, scale, inv, levels) >= kRound + static_cast<float>(k);
+      };
+      const float est = __fmaf_rn(static_cast<float>(k) - 0.5f, scale, lo);
+      const __half c = __float2half_rn(est);
+      const float xc = __half2float(c);
+      // the boundary lies above c when the estimate does, or when the estimate is c and the tie at
+      // k - 0.5 rounds down to even (k odd); then a = c, else a = c's predecessor
+      const bool above = est > xc || (est == xc && (k & 1) != 0);
+      const int ka = half_key(c) - (above ? 0 : 1);
+      const bool ra = reaches(ka), rb = reaches(ka + 1);
+      int first = ka + 1;                   // !ra && rb: b is the threshold
+      if (ra) first = ka;                   // every value from gmin up reaches k, if a <= gmin
+      else if (!rb) first = 0x10000;        // no value up to gmax does, if b >= gmax (+inf)
+      ok = ok && ((!ra && rb) || (ra && ka <= kmin) || (!rb && ka + 1 >= kmax));
+      X[k - 1] = __half2half2(first == 0x10000 ? __ushort_as_half(0x7C00) : key_half(first));
+    }
+    return ok;
+  }
+};
+
+// Packs the codes of n slots (n * BITS a multiple of 16) by comparing fp16
+// pairs with the thresholds: a comparison gives a lane of ones or zeros per
+// half, and with nested masks M1 >= M2 >= M3 the code's bits are M1 ^ M2 ^ M3
+// and M2 (1 bit: M1). Pair j's low slot goes to bits (BITS * 2j ...) of the low
+// half, its high slot to the same word position + BITS of the high half; one
+// fold per word joins the halves.
+template <int BITS>
+__device__ __forceinline__ void pack_codes_by_thresholds(const __half* xs, int n, const CodeThresholds<BITS>& T, unsigned short* out16) {
+  static_assert(BITS == 1 || BITS == 2);
+  constexpr int kPairs = 8 / BITS;  // fp16 pairs a 16-bit word
+  const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+  for (int w = 0; w < n * BITS / 16; ++w) {
+    unsigned acc = 0;
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const __half2 h = x2[w * kPairs + j];
+      const unsigned k0 = (1u << (2 * BITS * j)) | (1u << (16 + 2 * BITS * j + BITS));  // bit 0 of both slots' codes
+      if constexpr (BITS == 1) {
+        acc |= __hge2_mask(h, T.X[0]) & k0;
+      } else {
+        const unsigned m1 = __hge2_mask(h, T.X[0]), m2 = __hge2_mask(h, T.X[1]), m3 = __hge2_mask(h, T.X[2]);
+        acc |= ((m1 ^ m3) & k0) ^ (m2 & (k0 | k0 << 1));
+      }
+    }
+    out16[w] = static_cast<unsigned short>(acc | acc >> 16);
   }
 }
 
@@ -317,8 +400,14 @@ __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows,
 // At most kThreadsTarget threads (rows) a block; without the search 64
 // registers a thread, so that registers never limit the blocks an SM below
 // what shared memory allows.
+// A block's place in the grid: blockIdx.x = (c * BH + bh) * per_head + rb.
+struct FlushGrid {
+  FastDiv per_head;  // blocks a window of one (b, h)
+  FastDiv bh;        // B * H
+};
+
 template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
-__global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R) {
+__global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
   const FlushLayout L(R, P, D, s.row_bytes);
@@ -327,10 +416,10 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   unsigned char* out = smem + L.out_at;
   const int tid = threadIdx.x, nt = blockDim.x;
   // (32-bit index arithmetic: the grid has fewer than 2^31 blocks)
-  const unsigned blocks_per_chunk_head = (f.window + R - 1) / R, bid = blockIdx.x, BH = static_cast<unsigned>(f.B * f.H);
-  const int rb = static_cast<int>(bid % blocks_per_chunk_head);
-  const std::int64_t bh = (bid / blocks_per_chunk_head) % BH;
-  const int c = static_cast<int>(bid / (blocks_per_chunk_head * BH));
+  const unsigned bid = blockIdx.x, q = fg.per_head.div(bid), cu = fg.bh.div(q);
+  const int rb = static_cast<int>(bid - q * fg.per_head.d);
+  const std::int64_t bh = q - cu * fg.bh.d;
+  const int c = static_cast<int>(cu);
   const int h = static_cast<int>(bh % f.H);
   const int t0 = rb * R, nr = min(R, f.window - t0);
   const std::int64_t slot = f.slot0 + c;
@@ -410,28 +499,47 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       for (int i = 1; i < NA; ++i) {
         if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
       }
-      // the group's real channels (j0 and j1 - j0 are multiples of 16)
-      // The quotient is monotonic in x (a rounded subtraction, then a
-      // correctly rounded division by a positive scale), so when the group's
-      // extremes give quotients in [-0.5, levels + 0.5) every slot does, and
-      // rint alone lands in [0, levels] (-0.5 rounds to even 0; levels is odd,
-      // so levels + 0.5 would not): no clamp a value. Chosen per warp, so the
-      // warp runs one loop.
-      const bool in_range = finite && !any_nan &&
-                            code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
-                            code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
-      if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
-      else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
-      else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      // the group's real channels (j0 and j1 - j0 are multiples of 16): at 1
+      // and 2 bits by thresholds where all are found (finite groups); not
+      // after the search, whose kernel would lose blocks an SM to the registers
+      bool packed = false;
+      if constexpr (BITS <= 2 && NA == 1) {
+        CodeThresholds<BITS> T;
+        packed = finite && T.find(gmin, gmax, best_lo, best_scale, best_inv);
+        if (packed) pack_codes_by_thresholds<BITS>(xs.xs, j1 - j0, T, out16);
+      }
+      if (!packed) {
+        // The quotient is monotonic in x, so when the group's extremes give
+        // quotients in [-0.5, levels + 0.5) every slot does, and rint alone
+        // lands in [0, levels] (-0.5 rounds to even 0; levels is odd, so
+        // levels + 0.5 would not): no clamp a value. Chosen per warp, so the
+        // warp runs one loop.
+        const bool in_range = finite && !any_nan &&
+                              code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
+                              code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
+        if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+        else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+        else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+      }
       const std::int64_t mo = slot * s.slot_meta + ((bh * f.window + t) * G + k) * f.meta_bytes;
       store_meta(s.lo + mo, f.meta, best_lo);
       store_meta(s.scale + mo, f.meta, best_scale);
     }
   }
-  __syncthreads();
-  // The block's code rows are contiguous in the slot (a row a multiple of 4
-  // bytes at D = 128: 4-byte stores; 2-byte ones otherwise).
+  // The block's code rows are contiguous in the slot. Rows of whole 16-byte
+  // vectors (D = 128 at any width): each thread writes its own row (no
+  // barrier; a warp's stores cover 32 consecutive rows); otherwise 4-byte
+  // stores of rows a multiple of 4 bytes, 2-byte ones else.
   unsigned char* dst = s.codes + slot * s.slot_codes + (bh * f.window + t0) * s.row_bytes;
+  if (((reinterpret_cast<std::uintptr_t>(dst) | s.row_bytes) & 15) == 0) {
+    if (rl < nr) {
+      const unsigned* row = reinterpret_cast<const unsigned*>(out + rl * L.out_stride);  // 4-byte aligned
+      uint4* to = reinterpret_cast<uint4*>(dst + rl * s.row_bytes);
+      for (int i = 0; i < static_cast<int>(s.row_bytes) / 16; ++i) to[i] = make_uint4(row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]);
+    }
+    return;
+  }
+  __syncthreads();
   const int rb4 = static_cast<int>(s.row_bytes) / 4;
   if (((reinterpret_cast<std::uintptr_t>(dst) | s.row_bytes) & 3) == 0 && nt % rb4 == 0) {
     const int w = tid % rb4;  // this thread's word of every row it writes
@@ -484,11 +592,16 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   while (R > 1 && FlushLayout(R, P, side.D, side.row_bytes).bytes > 64 * 1024) --R;
   const FlushLayout L(R, P, side.D, side.row_bytes);
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
+  if (blocks >= (std::int64_t{1} << 31)) {
+    throw Error("skvq: the GPU flush of " + std::to_string(f.n_chunks) + " windows at B*H=" + std::to_string(f.B * f.H) +
+                " needs " + std::to_string(blocks) + " blocks, more than a launch takes (2^31 - 1): append fewer tokens a call");
+  }
   auto launch = [&](auto kernel) {
     if (L.bytes > 48 * 1024) {
       SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
     }
-    kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R);
+    const FlushGrid fg{FastDiv(static_cast<std::uint32_t>((f.window + R - 1) / R)), FastDiv(static_cast<std::uint32_t>(f.B * f.H))};
+    kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R, fg);
   };
   auto by_bits = [&](auto na) {
     constexpr int NA = decltype(na)::value;

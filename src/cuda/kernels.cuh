@@ -21,7 +21,8 @@ struct FlushParams {
   std::int64_t slot0 = 0;  // slot of the first chunk (= its chunk index)
   int B = 0, H = 0, window = 0, n_sink = 0;
   int group = 0, meta = 0, meta_bytes = 0;
-  const float* grid = nullptr;  // device [n_grid]
+  static constexpr int kMaxGrid = 8;
+  float grid[kMaxGrid] = {};  // the clip factors (the first n_grid), passed by value with the launch
   int n_grid = 0;
 };
 
