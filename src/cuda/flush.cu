@@ -248,21 +248,15 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
 // subtraction, a correctly rounded division by a positive scale, rint and a
 // clamp), so among a group's fp16 values code(x) >= k exactly when x >= X_k,
 // the smallest fp16 value whose code reaches k. X_k is certified by the exact
-// code of two neighbouring fp16 values a < b, one on each side, chosen around
-// the estimate lo + (k - 0.5) * scale (within a float rounding or two of the
-// boundary); then a value costs 1-3 fp16 pair comparisons instead of the
-// quotient's ~10 float operations. Comparisons need no special cases: -0 ==
-// +0 (their codes are equal too) and a NaN slot compares false everywhere,
-// code 0, as code_plus_round gives it.
-// fp16 bit patterns as keys in the order of their values, -0 and +0 one key.
-__device__ __forceinline__ int half_key(__half x) {
-  const int h = __half_as_ushort(x);
-  return (h & 0x8000) ? 0x10000 - h : h + 0x8000;
-}
-__device__ __forceinline__ __half key_half(int k) {
-  return __ushort_as_half(static_cast<unsigned short>(k >= 0x8000 ? k - 0x8000 : 0x10000 - k));
-}
-
+// codes of two adjacent fp16 values a < b on either side of the boundary:
+// the estimate lo + (k - 0.5) * scale (a float rounding or two from it)
+// rounded down and up to fp16, or, where the estimate is an fp16 value e (a
+// tie at k - 0.5 may sit exactly there), e and the neighbour on the side the
+// tie rounds away from (rint's ties to even: up for k even). Then a value
+// costs 1-3 fp16 pair comparisons instead of the quotient's ~10 float
+// operations. Comparisons need no special cases: -0 == +0 (their codes are
+// equal too) and a NaN slot compares false everywhere, code 0, as
+// code_plus_round gives it.
 template <int BITS>
 struct CodeThresholds {
   static constexpr int kLevels = (1 << BITS) - 1;
@@ -270,28 +264,29 @@ struct CodeThresholds {
   // false: the estimate was too far off to certify a threshold (the caller then codes value by value)
   __device__ __forceinline__ bool find(float gmin, float gmax, float lo, float scale, float inv) {
     constexpr float levels = static_cast<float>(kLevels);
-    const int kmin = half_key(__float2half_rn(gmin)), kmax = half_key(__float2half_rn(gmax));
     bool ok = true;
 #pragma unroll
     for (int k = 1; k <= kLevels; ++k) {
-      // code(value of key) >= k, exactly as pack_codes forms it (k >= 1: the clamp at 0 cannot matter, nor
-      // at levels >= k); a key past +-65504 is an infinity, whose NaN quotient reads as "no"
-      const auto reaches = [&](int key) {
-        return code_plus_round<false>(__half2float(key_half(key)), lo, scale, inv, levels) >= kRound + static_cast<float>(k);
+      // code(x) >= k, exactly as pack_codes forms it (k >= 1: the clamps cannot matter); an infinite x
+      // (an estimate past +-65504 rounded outwards) has a NaN quotient and reads as "no"
+      const auto reaches = [&](__half x) {
+        return code_plus_round<false>(__half2float(x), lo, scale, inv, levels) >= kRound + static_cast<float>(k);
       };
       const float est = __fmaf_rn(static_cast<float>(k) - 0.5f, scale, lo);
-      const __half c = __float2half_rn(est);
-      const float xc = __half2float(c);
-      // the boundary lies above c when the estimate does, or when the estimate is c and the tie at
-      // k - 0.5 rounds down to even (k odd); then a = c, else a = c's predecessor
-      const bool above = est > xc || (est == xc && (k & 1) != 0);
-      const int ka = half_key(c) - (above ? 0 : 1);
-      const bool ra = reaches(ka), rb = reaches(ka + 1);
-      int first = ka + 1;                   // !ra && rb: b is the threshold
-      if (ra) first = ka;                   // every value from gmin up reaches k, if a <= gmin
-      else if (!rb) first = 0x10000;        // no value up to gmax does, if b >= gmax (+inf)
-      ok = ok && ((!ra && rb) || (ra && ka <= kmin) || (!rb && ka + 1 >= kmax));
-      X[k - 1] = __half2half2(first == 0x10000 ? __ushort_as_half(0x7C00) : key_half(first));
+      __half a = __float2half_rd(est), b = __float2half_ru(est);
+      if (__half_as_ushort(a) == __half_as_ushort(b)) {
+        // est is the fp16 value e: step to e's neighbour below (k even) or above (k odd) through a float
+        // strictly between them (the gap to either neighbour is at least |e| 2^-12 and at least 2^-24)
+        const float step = fmaxf(__fmul_rn(fabsf(est), 0x1p-13f), 0x1p-26f);
+        if (k % 2 == 0) a = __float2half_rd(__fsub_rn(est, step));
+        else b = __float2half_ru(__fadd_rn(est, step));
+      }
+      const bool ra = reaches(a), rb = reaches(b);
+      __half x = b;                                          // !ra && rb: b is the threshold
+      if (ra) x = a;                                         // every value from gmin up reaches k, if a <= gmin
+      else if (!rb) x = __ushort_as_half(0x7C00);            // no value up to gmax does, if b >= gmax (+inf)
+      ok = ok && ((!ra && rb) || (ra && __half2float(a) <= gmin) || (!rb && __half2float(b) >= gmax));
+      X[k - 1] = __half2half2(x);
     }
     return ok;
   }
@@ -348,9 +343,11 @@ struct FlushLayout {
 
 // The staging of quant_kernel for its usual shape (D = 128, no padding, 128
 // threads) with the strides as constants: thread tid keeps to the 8-channel
-// column tid % 16 of rows tid / 16 + 8 k, 4 rows' 16-byte loads in flight,
-// and each value's store has its slot's address in a register and the row's
-// offset as an immediate (one STS a value, no address arithmetic).
+// column tid % 16 of rows tid / 16 + 8 k, kBatch rows' 16-byte loads in
+// flight, and each value's store has its slot's address in a register and
+// the row's offset as an immediate (one STS a value, no address arithmetic).
+// The first batch is loaded before the slot map is built (its global reads
+// and barrier overlap the loads), the rest after.
 constexpr int kThreadsTarget = 128;  // threads (rows) a flush block at most
 constexpr int kStride128 = 130;  // FlushLayout's row stride (halves) for P = 128
 template <typename F, int... I>
@@ -358,35 +355,49 @@ __device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&&
   (f(std::integral_constant<int, I>{}), ...);
 }
 
-__device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows, const short* inv, int nr) {
-  constexpr int kBatch = 4;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
-  constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most kThreadsTarget rows
-  constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
-  const int tid = threadIdx.x, c8 = (tid % 16) * 8, r0 = tid / 16;
-  unsigned dst[8];  // shared-memory addresses of the column's slots in row r0
-#pragma unroll
-  for (int e = 0; e < 8; ++e) dst[e] = static_cast<unsigned>(__cvta_generic_to_shared(rows + r0 * kStride128 + inv[c8 + e]));
-  const uint4* col = reinterpret_cast<const uint4*>(src + c8) + r0 * 16;
-  // every pass's load and store offset is a constant: immediates, no address arithmetic
-  static_for(std::make_integer_sequence<int, kPasses / kBatch>{}, [&](auto batch) {
-    constexpr int k0 = decltype(batch)::value * kBatch;
-    if (r0 + 8 * k0 >= nr) return;
-    uint4 buf[kBatch];
+struct StageD128 {
+  static constexpr int kBatch = 8;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
+  static constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most kThreadsTarget rows
+  static constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
+  const uint4* col;
+  int r0, nr;
+  uint4 buf[kBatch];
+  __device__ __forceinline__ StageD128(const __half* src, int rows)
+      : col(reinterpret_cast<const uint4*>(src + (threadIdx.x % 16) * 8) + (threadIdx.x / 16) * 16), r0(threadIdx.x / 16), nr(rows) {}
+  template <int K0>
+  __device__ __forceinline__ void load() {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      if (r0 + 8 * (k0 + u) < nr) buf[u] = __ldg(col + (k0 + u) * 8 * 16);
+      if (r0 + 8 * (K0 + u) < nr) buf[u] = __ldg(col + (K0 + u) * 8 * 16);
+  }
+  template <int K0>
+  __device__ __forceinline__ void store(const unsigned (&dst)[8]) {
     static_for(std::make_integer_sequence<int, kBatch>{}, [&](auto pass) {
       constexpr int u = decltype(pass)::value;
-      if (r0 + 8 * (k0 + u) >= nr) return;
+      if (r0 + 8 * (K0 + u) >= nr) return;
       const unsigned w[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const unsigned short v = static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2)));
-        asm volatile("st.shared.u16 [%0+%1], %2;\n" ::"r"(dst[e]), "n"((k0 + u) * kPass), "h"(v) : "memory");
+        asm volatile("st.shared.u16 [%0+%1], %2;\n" ::"r"(dst[e]), "n"((K0 + u) * kPass), "h"(v) : "memory");
       }
     });
-  });
-}
+  }
+  // after load<0>() and the slot map's barrier: every pass's load and store offset a constant
+  __device__ __forceinline__ void finish(__half* rows, const short* inv) {
+    const int c8 = (threadIdx.x % 16) * 8;
+    unsigned dst[8];  // shared-memory addresses of the column's slots in row r0
+#pragma unroll
+    for (int e = 0; e < 8; ++e) dst[e] = static_cast<unsigned>(__cvta_generic_to_shared(rows + r0 * kStride128 + inv[c8 + e]));
+    store<0>(dst);
+    static_for(std::make_integer_sequence<int, kPasses / kBatch - 1>{}, [&](auto batch) {
+      constexpr int k0 = (decltype(batch)::value + 1) * kBatch;
+      if (r0 + 8 * k0 >= nr) return;
+      load<k0>();
+      store<k0>(dst);
+    });
+  }
+};
 
 // Block: rows [t0, t0 + R) of window c of one (b, h); thread: one row, its
 // groups one after the other (a thread per row and group cost 34 instead of
@@ -404,6 +415,7 @@ __device__ __forceinline__ void stage_rows_d128(const __half* src, __half* rows,
 struct FlushGrid {
   FastDiv per_head;  // blocks a window of one (b, h)
   FastDiv bh;        // B * H
+  FastDiv heads;     // H
 };
 
 template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
@@ -420,16 +432,19 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   const int rb = static_cast<int>(bid - q * fg.per_head.d);
   const std::int64_t bh = q - cu * fg.bh.d;
   const int c = static_cast<int>(cu);
-  const int h = static_cast<int>(bh % f.H);
+  const int h = static_cast<int>(bh - fg.heads.div(static_cast<unsigned>(bh)) * fg.heads.d);
   const int t0 = rb * R, nr = min(R, f.window - t0);
   const std::int64_t slot = f.slot0 + c;
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
+  const bool d128 = aligned && D == 128 && L.stride == kStride128 && nt == 128;
+  StageD128 stage(src, nr);
+  if (d128) stage.load<0>();
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
   const int vpr = max(1, D / 8);  // 16-byte vectors per row
-  const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
-  if (aligned && D == 128 && L.stride == kStride128 && nt == 128) {
-    stage_rows_d128(src, rows, inv, nr);
+  if (d128) {
+    stage.finish(rows, inv);
   } else if (aligned && D % 8 == 0 && nt % vpr == 0) {
     // Each thread keeps to one 8-channel column (its slots in registers) and
     // has kV 16-byte loads in flight.
@@ -600,7 +615,8 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
     if (L.bytes > 48 * 1024) {
       SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
     }
-    const FlushGrid fg{FastDiv(static_cast<std::uint32_t>((f.window + R - 1) / R)), FastDiv(static_cast<std::uint32_t>(f.B * f.H))};
+    const FlushGrid fg{FastDiv(static_cast<std::uint32_t>((f.window + R - 1) / R)), FastDiv(static_cast<std::uint32_t>(f.B * f.H)),
+                         FastDiv(static_cast<std::uint32_t>(f.H))};
     kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R, fg);
   };
   auto by_bits = [&](auto na) {
