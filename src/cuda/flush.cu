@@ -320,6 +320,43 @@ __device__ __forceinline__ void pack_codes_by_thresholds(const __half* xs, int n
   }
 }
 
+// The spec's choice with every factor's codes from its thresholds (X, as
+// floats): the code of x decides between the factor's levels + 1
+// reconstructions code * scale + lo (each formed once a group, rounded as the
+// spec rounds them; code 0 gives lo itself) by float comparisons, then each
+// slot's error is summed in slot order as in choose_factor: 9 operations a
+// slot and factor at 2 bits instead of ~15.
+template <int NA, int BITS>
+__device__ __forceinline__ int choose_factor_by_thresholds(const Factors<NA>& F, const float (&X)[NA][(1 << BITS) - 1],
+                                                           const GroupSlots& xs, float inv_g) {
+  constexpr int kLevels = (1 << BITS) - 1;
+  float R[NA][kLevels], err[NA];  // R[a][c - 1]: the reconstruction of code c >= 1
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    err[a] = 0.0f;
+#pragma unroll
+    for (int c = 1; c <= kLevels; ++c) R[a][c - 1] = __fadd_rn(__fmul_rn(static_cast<float>(c), F.scale[a]), F.lo[a]);
+  }
+  xs.each([&](float x) {
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+      float r;
+      if constexpr (BITS == 1) r = x >= X[a][0] ? R[a][0] : F.lo[a];
+      else r = x >= X[a][1] ? (x >= X[a][2] ? R[a][2] : R[a][1]) : (x >= X[a][0] ? R[a][0] : F.lo[a]);
+      const float d = __fsub_rn(r, x);
+      err[a] = __fadd_rn(err[a], __fmul_rn(d, d));
+    }
+  });
+  int best = 0;
+  float best_err = __fmul_rn(err[0], inv_g);
+#pragma unroll
+  for (int a = 1; a < NA; ++a) {
+    const float e = __fmul_rn(err[a], inv_g);
+    if (e < best_err) best_err = e, best = a;
+  }
+  return best;
+}
+
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
 // permuted, padded) with a row stride of an odd number of words, so that the
 // threads of a warp (one row each) read distinct banks; the block's packed
@@ -418,7 +455,10 @@ struct FlushGrid {
   FastDiv heads;     // H
 };
 
-template <int NA, int BITS>  // NA: the number of clip factors; BITS: the side's code width
+// NA: the number of clip factors; BITS: the side's code width; kChoose: with
+// the search, every factor's codes by thresholds (1 and 2 bits, groups of 64
+// or more slots; at 32 five factors' thresholds cost more than they save).
+template <int NA, int BITS, bool kChoose = false>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
@@ -504,24 +544,40 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       const float rng = __fsub_rn(gmax, gmin);
       const Factors<NA> F(f, mid, rng, levels);
       const bool finite = isfinite(gmin) && isfinite(gmax);  // NaN slots aside (fminf, fmaxf skip them)
+      // At 1 and 2 bits, finite groups: codes by thresholds, unless one is not certified (then a quotient
+      // a value); with kChoose every factor's thresholds choose the factor.
+      constexpr bool kThresholds = BITS <= 2;
+      constexpr int kL = kThresholds ? (1 << BITS) - 1 : 1;
       int a = 0;
       if constexpr (NA > 1) {
         const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
-        a = finite ? choose_factor<NA, false>(F, xs, levels, inv_g) : choose_factor<NA, true>(F, xs, levels, inv_g);
+        bool chosen = false;
+        if (kChoose && kThresholds && finite) {
+          float X[NA][kL];
+          bool ok = true;
+#pragma unroll
+          for (int i = 0; i < NA; ++i) {
+            CodeThresholds<kThresholds ? BITS : 1> Ti;
+            ok = ok && Ti.find(gmin, gmax, F.lo[i], F.scale[i], F.inv[i]);
+#pragma unroll
+            for (int k = 0; k < kL; ++k) X[i][k] = __low2float(Ti.X[k]);
+          }
+          if (ok) a = choose_factor_by_thresholds<NA, kThresholds ? BITS : 1>(F, X, xs, inv_g), chosen = true;
+        }
+        if (!chosen) a = finite ? choose_factor<NA, false>(F, xs, levels, inv_g) : choose_factor<NA, true>(F, xs, levels, inv_g);
       }
       float best_lo = F.lo[0], best_scale = F.scale[0], best_inv = F.inv[0];
 #pragma unroll
       for (int i = 1; i < NA; ++i) {
         if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
       }
-      // the group's real channels (j0 and j1 - j0 are multiples of 16): at 1
-      // and 2 bits by thresholds where all are found (finite groups); not
-      // after the search, whose kernel would lose blocks an SM to the registers
+      // the group's real channels (j0 and j1 - j0 are multiples of 16); after the search at groups below 64
+      // slots by quotients (there the thresholds of the chosen factor measured 6% slower, 4.28 -> 4.53 ms)
       bool packed = false;
-      if constexpr (BITS <= 2 && NA == 1) {
-        CodeThresholds<BITS> T;
+      if constexpr (kThresholds && (NA == 1 || kChoose)) {
+        CodeThresholds<kThresholds ? BITS : 1> T;
         packed = finite && T.find(gmin, gmax, best_lo, best_scale, best_inv);
-        if (packed) pack_codes_by_thresholds<BITS>(xs.xs, j1 - j0, T, out16);
+        if (packed) pack_codes_by_thresholds<kThresholds ? BITS : 1>(xs.xs, j1 - j0, T, out16);
       }
       if (!packed) {
         // The quotient is monotonic in x, so when the group's extremes give
@@ -621,9 +677,10 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   };
   auto by_bits = [&](auto na) {
     constexpr int NA = decltype(na)::value;
+    const bool choose = NA > 1 && f.group >= 64;  // quant_kernel's kChoose
     switch (side.bits) {
-      case 1: launch(quant_kernel<NA, 1>); break;
-      case 2: launch(quant_kernel<NA, 2>); break;
+      case 1: choose ? launch(quant_kernel<NA, 1, true>) : launch(quant_kernel<NA, 1>); break;
+      case 2: choose ? launch(quant_kernel<NA, 2, true>) : launch(quant_kernel<NA, 2>); break;
       case 4: launch(quant_kernel<NA, 4>); break;
       case 8: launch(quant_kernel<NA, 8>); break;
       default: throw Error("skvq: the GPU flush has no kernel for " + std::to_string(side.bits) + "-bit codes");
