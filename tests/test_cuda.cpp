@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -413,6 +414,17 @@ TEST(Cuda, DenseFp16KernelMatchesReference) {
   }
 }
 
+// f throws skvq::Error whose message holds every needle.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<const char*> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << *needles.begin();
+  } catch (const Error& e) {
+    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
+}
+
 TEST(Cuda, UnsupportedShapesAreClearErrors) {
   if (cuda::available()) {
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 3, 3, MetaType::fp16), 1, 1, 128, 100), Error);
@@ -424,6 +436,21 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
     Tensor k = randn({1, 1, 21, 128}, 1);
     EXPECT_THROW(d.append(k.view(), k.view()), Error);  // beyond capacity
     EXPECT_EQ(d.offset(), 0);
+    // values the CPU cache refuses (non-finite, beyond the metadata's or fp16's range): the same
+    // errors, naming the position and value, and nothing appended
+    Tensor k8 = randn({1, 1, 8, 128}, 2), v8 = randn({1, 1, 8, 128}, 3);
+    d.append(k8.view(), v8.view());
+    Tensor bad = randn({1, 1, 8, 128}, 4, DType::f32), good = randn({1, 1, 8, 128}, 6, DType::f32);
+    bad.view().set(0, 0, 5, 7, std::nanf(""));
+    expect_error([&] { d.append(good.view(), bad.view()); }, {"values[0, 0, 5, 7]", "nan", "not finite"});
+    bad.view().set(0, 0, 5, 7, 1e6f);
+    Config c32 = gpu_config(16, 2, 128, 2, 2, MetaType::fp32);
+    cuda::DeviceCache d32(c32, 1, 1, 128, 20);
+    expect_error([&] { d32.append(bad.view(), good.view()); }, {"keys[0, 0, 5, 7]", "1e+06", "fp16"});
+    EXPECT_EQ(d32.offset(), 0);
+    EXPECT_EQ(d.offset(), 8);
+    Tensor d_then = d.attend(randn({1, 1, 1, 128}, 5, DType::f32).view(), 0.1f);
+    EXPECT_EQ(d_then.shape()[3], 128);
   } else {
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 2, 2, MetaType::fp16), 1, 1, 128, 100), Error);
   }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/convert_simd.hpp"
+#include "ref/meta.hpp"
 #include "skvq/error.hpp"
 
 namespace skvq::detail {
@@ -50,6 +51,17 @@ void check_kv_pair(const TensorView& keys, const TensorView& values) {
                   shape_string(keys.shape) + " in [B, H, S]");
     }
   }
+}
+
+float value_limit(MetaType m, std::string* why) {
+  switch (m) {
+    case MetaType::fp16: *why = "the range of fp16 metadata; use metadata=fp32"; return ref::kMaxF16;
+    case MetaType::fp8_e4m3:
+      *why = "the range of fp8_e4m3 metadata; use metadata=fp16 or fp32";
+      return ref::kMaxE4M3;
+    case MetaType::fp32: *why = "the quantizer's float32 range"; return 0x1p126f;
+  }
+  return 0.0f;
 }
 
 void check_values(const TensorView& t, const char* name, float limit, const std::string& why) {

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "skvq/config.hpp"
 #include "skvq/tensor.hpp"
 
 namespace skvq::detail {
@@ -15,5 +16,9 @@ void check_kv_pair(const TensorView& keys, const TensorView& values);
 // Every element finite and |x| <= limit; the error names the first bad
 // position. `why` explains the limit ("the range of fp16 metadata").
 void check_values(const TensorView& t, const char* name, float limit, const std::string& why);
+
+// The largest magnitude a cache with this metadata mode quantizes, and why
+// (for check_values' message).
+float value_limit(MetaType m, std::string* why);
 
 }  // namespace skvq::detail

@@ -39,16 +39,6 @@ namespace {
 
 // The largest magnitude the metadata type can carry as lo without saturating;
 // for fp32 the bound keeps max - min finite in float32.
-float value_limit(MetaType m, std::string* why) {
-  switch (m) {
-    case MetaType::fp16: *why = "the range of fp16 metadata; use metadata=fp32"; return ref::kMaxF16;
-    case MetaType::fp8_e4m3:
-      *why = "the range of fp8_e4m3 metadata; use metadata=fp16 or fp32";
-      return ref::kMaxE4M3;
-    case MetaType::fp32: *why = "the quantizer's float32 range"; return 0x1p126f;
-  }
-  return 0.0f;
-}
 
 // Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`.
 void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte* dst,
@@ -250,7 +240,7 @@ void check_append(const SkvqState& st, const TensorView& k, const TensorView& v)
                 std::to_string(*cfg.max_ctx));
   }
   std::string why;
-  const float limit = value_limit(cfg.metadata, &why);
+  const float limit = detail::value_limit(cfg.metadata, &why);
   detail::check_values(k, "keys", limit, why);
   detail::check_values(v, "values", limit, why);
 }

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/input_check.hpp"
 #include "core/skvq_state.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
@@ -209,6 +210,13 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
     throw Error("skvq: cuda::DeviceCache::append: keys " + shape_string(keys.shape) + " / values " +
                 shape_string(values.shape) + " must be " + shape_string(ks) + " / " + shape_string(vs));
   }
+  // the CPU cache's checks; the device cache holds fp16, so at most fp16's range whatever the metadata
+  detail::check_kv_pair(keys, values);
+  std::string why;
+  float limit = detail::value_limit(d.cfg.metadata, &why);
+  if (limit > ref::kMaxF16) limit = ref::kMaxF16, why = "the range of fp16 (the device cache takes fp16 keys and values)";
+  detail::check_values(keys, "keys", limit, why);
+  detail::check_values(values, "values", limit, why);
   const Tensor k16 = Tensor::copy_of(keys, DType::f16), v16 = Tensor::copy_of(values, DType::f16);
   void* dk = device_alloc(k16.nbytes());
   void* dv = device_alloc(v16.nbytes());
