@@ -40,9 +40,13 @@ class DeviceCache {
 
   // Appends S tokens from device memory: keys [B, H, S, D], values
   // [B, H, S, Dv], fp16, contiguous. Whole windows are flushed on the GPU in
-  // one launch (the first flush computes the permutations).
+  // one launch (the first flush computes the permutations). The values are
+  // not checked (that would read the input a second time): a non-finite one
+  // gives codes of no use, as the CPU cache would refuse it.
   void append_device(const void* keys, const void* values, std::int64_t S);
-  // Same from host tensors (any dtype/strides; converted to fp16 on the host).
+  // Same from host tensors (any dtype/strides; converted to fp16 on the host),
+  // checked as the CPU cache checks them (non-finite values and values past
+  // the metadata's or fp16's range are errors; nothing is appended then).
   void append(const TensorView& keys, const TensorView& values);
 
   // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous) over the
