@@ -141,24 +141,24 @@ struct GroupSlots {
     }
     if (g & 1) f(__half2float(xs[g - 1]));
   }
-  // Smallest and largest slot, compared as fp16 pairs (exact; NaN ignored
-  // unless all are NaN, as fminf and fmaxf do), and whether any slot is NaN.
-  __device__ __forceinline__ void min_max(float& mn, float& mx, bool& any_nan) const {
+  // Smallest and largest slot, compared as fp16 pairs (exact): the minimum
+  // skips NaN slots (as fminf does), the maximum is NaN if any slot is (so a
+  // group with a NaN slot is not finite and takes the NaN-safe division).
+  __device__ __forceinline__ void min_max(float& mn, float& mx) const {
     const __half2* x2 = reinterpret_cast<const __half2*>(xs);
-    __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2, nan2 = lo2;
+    __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2;
 #pragma unroll 8
     for (int i = 0; i < g / 2; ++i) {
       lo2 = __hmin2(lo2, x2[i]);
-      hi2 = __hmax2(hi2, x2[i]);
-      nan2 = __hmax2_nan(nan2, x2[i]);
+      hi2 = __hmax2_nan(hi2, x2[i]);
     }
     mn = fminf(__low2float(lo2), __high2float(lo2));
-    mx = fmaxf(__low2float(hi2), __high2float(hi2));
-    any_nan = __hisnan(__low2half(nan2)) || __hisnan(__high2half(nan2));
+    const float h0 = __low2float(hi2), h1 = __high2float(hi2);
+    mx = (isnan(h0) || isnan(h1)) ? NAN : fmaxf(h0, h1);
     if (g & 1) {
-      mn = fminf(mn, __half2float(xs[g - 1]));
-      mx = fmaxf(mx, __half2float(xs[g - 1]));
-      any_nan = any_nan || __hisnan(xs[g - 1]);
+      const float x = __half2float(xs[g - 1]);
+      mn = fminf(mn, x);
+      mx = isnan(x) ? NAN : fmaxf(mx, x);
     }
   }
 };
@@ -255,8 +255,7 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
 // tie rounds away from (rint's ties to even: up for k even). Then a value
 // costs 1-3 fp16 pair comparisons instead of the quotient's ~10 float
 // operations. Comparisons need no special cases: -0 == +0 (their codes are
-// equal too) and a NaN slot compares false everywhere, code 0, as
-// code_plus_round gives it.
+// equal too), and only finite groups come here.
 template <int BITS>
 struct CodeThresholds {
   static constexpr int kLevels = (1 << BITS) - 1;
@@ -538,12 +537,11 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       const GroupSlots xs{rows + rl * L.stride + j0, g};
       constexpr float levels = static_cast<float>((1 << BITS) - 1);
       float gmin, gmax;
-      bool any_nan;
-      xs.min_max(gmin, gmax, any_nan);
+      xs.min_max(gmin, gmax);
       const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
       const float rng = __fsub_rn(gmax, gmin);
       const Factors<NA> F(f, mid, rng, levels);
-      const bool finite = isfinite(gmin) && isfinite(gmax);  // NaN slots aside (fminf, fmaxf skip them)
+      const bool finite = isfinite(gmin) && isfinite(gmax);  // false with a NaN slot (gmax is NaN then)
       // At 1 and 2 bits, finite groups: codes by thresholds, unless one is not certified (then a quotient
       // a value); with kChoose every factor's thresholds choose the factor.
       constexpr bool kThresholds = BITS <= 2;
@@ -585,7 +583,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
         // lands in [0, levels] (-0.5 rounds to even 0; levels is odd, so
         // levels + 0.5 would not): no clamp a value. Chosen per warp, so the
         // warp runs one loop.
-        const bool in_range = finite && !any_nan &&
+        const bool in_range = finite &&
                               code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
                               code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
         if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
