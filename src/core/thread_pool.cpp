@@ -3,7 +3,29 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SKVQ_SPIN_PAUSE() _mm_pause()
+#else
+#define SKVQ_SPIN_PAUSE() std::this_thread::yield()
+#endif
+
 namespace skvq::detail {
+
+namespace {
+
+// Spins until done() or kSpin has passed; true if done() came.
+template <typename Done>
+bool spin_for(Done&& done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - t0 > ThreadPool::kSpin) return false;
+    SKVQ_SPIN_PAUSE();
+  }
+}
+
+}  // namespace
 
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency())) - 1);
@@ -38,13 +60,18 @@ void ThreadPool::run_tasks() {
       if (!error_) error_ = std::current_exception();
     }
     std::lock_guard<std::mutex> lk(mu_);
-    if (++done_ == n_) cv_done_.notify_all();
+    if (++done_ == n_) {
+      finished_.store(true, std::memory_order_release);
+      cv_done_.notify_all();
+    }
   }
 }
 
 void ThreadPool::worker_loop() {
   std::uint64_t seen = 0;
   for (;;) {
+    // a new job soon after the last one is taken without sleeping
+    if (seen != 0) spin_for([&] { return posted_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_work_.wait(lk, [&] { return stop_ || (generation_ != seen && active_ < active_limit_); });
@@ -74,9 +101,12 @@ void ThreadPool::parallel_for(std::int64_t n, int threads, const std::function<v
     error_ = nullptr;
     active_limit_ = std::min(threads - 1, static_cast<int>(workers_.size()));
     ++generation_;
+    finished_.store(false, std::memory_order_relaxed);
+    posted_.store(generation_, std::memory_order_release);
   }
   cv_work_.notify_all();
   run_tasks();
+  spin_for([&] { return finished_.load(std::memory_order_acquire); });
   std::unique_lock<std::mutex> lk(mu_);
   cv_done_.wait(lk, [&] { return done_ == n_; });
   active_limit_ = 0;

@@ -1,0 +1,51 @@
+// The thread pool behind attention (core/thread_pool.hpp): every index run
+// exactly once whatever the thread count, jobs back to back (workers still
+// spinning from the last one) and after the workers have gone to sleep, the
+// first exception rethrown and the pool usable after it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "core/thread_pool.hpp"
+
+using skvq::detail::ThreadPool;
+
+namespace {
+
+void expect_each_once(ThreadPool& pool, std::int64_t n, int threads) {
+  std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+  pool.parallel_for(n, threads, [&](std::int64_t i) { hits[static_cast<std::size_t>(i)].fetch_add(1); });
+  for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << "n " << n << " threads " << threads << " i " << i;
+}
+
+}  // namespace
+
+TEST(ThreadPool, RunsEveryIndexOnceBackToBackAndAfterSleeping) {
+  ThreadPool pool(3);
+  EXPECT_EQ(pool.size(), 4);
+  for (int round = 0; round < 300; ++round) {  // back to back: workers taken while they spin
+    expect_each_once(pool, 1 + round % 37, 1 + round % 6);
+  }
+  for (int round = 0; round < 3; ++round) {  // after the spin window: workers woken from sleep
+    std::this_thread::sleep_for(ThreadPool::kSpin * 5);
+    expect_each_once(pool, 100, 4);
+  }
+  pool.parallel_for(0, 4, [](std::int64_t) { FAIL() << "no index for n = 0"; });
+}
+
+TEST(ThreadPool, RethrowsAndStaysUsable) {
+  ThreadPool pool(2);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.parallel_for(50, 3,
+                                 [&](std::int64_t i) {
+                                   ran.fetch_add(1);
+                                   if (i == 7) throw std::runtime_error("task 7");
+                                 }),
+               std::runtime_error);
+  EXPECT_EQ(ran.load(), 50);  // the other tasks still ran
+  expect_each_once(pool, 64, 3);
+}
