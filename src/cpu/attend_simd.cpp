@@ -477,18 +477,30 @@ float BuildVnniQuery(const FusedPlan& fp, const float* q, std::int64_t D, std::i
   float qmax = 0.0f;
   for (std::int64_t j = 0; j < D; ++j) qmax = std::max(qmax, std::fabs(q[j]));
   const float s = qmax > 0.0f ? qmax / 32512.0f : 1.0f;
+  // each channel's two bytes once (a division a channel), then laid out (a
+  // channel appears in several lanes' bytes when a row has fewer words than lanes)
+  thread_local std::vector<std::int8_t> bytes;
+  bytes.resize(static_cast<std::size_t>(2 * D));
+  std::int8_t* chi = bytes.data();
+  std::int8_t* clo = chi + D;
+  for (std::int64_t j = 0; j < D; ++j) {
+    const float r = std::nearbyint(q[j] / s);
+    const auto qi = static_cast<std::int32_t>(std::clamp(r, -32512.0f, 32512.0f));
+    const std::int32_t h = (qi + 128) >> 8;  // floor division: lo in [-128, 127]
+    chi[j] = static_cast<std::int8_t>(h);
+    clo[j] = static_cast<std::int8_t>(qi - 256 * h);
+  }
   const std::int64_t per_byte = 8 / fp.bits;
-  for (std::int64_t m = 0; m < per_byte; ++m)
-    for (std::int64_t ph = 0; ph < fp.P; ++ph)
-      for (std::int64_t byte = 0; byte < 4 * N; ++byte) {
-        const std::int64_t word = (ph * N + byte / 4) % fp.R, code = (byte % 4) * per_byte + m;
-        const float r = std::nearbyint(q[word * fp.cpl + code] / s);
-        const auto qi = static_cast<std::int32_t>(std::clamp(r, -32512.0f, 32512.0f));
-        const std::int32_t h = (qi + 128) >> 8;  // floor division: lo in [-128, 127]
-        const std::int64_t at = (m * fp.P + ph) * 4 * N + byte;
-        hi[at] = static_cast<std::int8_t>(h);
-        lo[at] = static_cast<std::int8_t>(qi - 256 * h);
-      }
+  for (std::int64_t ph = 0; ph < fp.P; ++ph)
+    for (std::int64_t lane = 0; lane < N; ++lane) {
+      const std::int64_t j0 = (ph * N + lane) % fp.R * fp.cpl;  // the lane's word's first channel
+      for (std::int64_t m = 0; m < per_byte; ++m)
+        for (std::int64_t b = 0; b < 4; ++b) {  // byte b of the lane's word: its code b * per_byte + m
+          const std::int64_t at = (m * fp.P + ph) * 4 * N + 4 * lane + b, j = j0 + b * per_byte + m;
+          hi[at] = chi[j];
+          lo[at] = clo[j];
+        }
+    }
   return s;
 }
 
