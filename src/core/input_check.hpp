@@ -17,8 +17,9 @@ void check_kv_pair(const TensorView& keys, const TensorView& values);
 // position. `why` explains the limit ("the range of fp16 metadata").
 void check_values(const TensorView& t, const char* name, float limit, const std::string& why);
 
-// The largest magnitude a cache with this metadata mode quantizes, and why
-// (for check_values' message).
+// The largest magnitude a cache with this metadata mode quantizes (what the
+// type can carry as lo without saturating; for fp32 the bound keeps max - min
+// finite in float32), and why (for check_values' message).
 float value_limit(MetaType m, std::string* why);
 
 }  // namespace skvq::detail

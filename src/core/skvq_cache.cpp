@@ -37,9 +37,6 @@ void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh
 
 namespace {
 
-// The largest magnitude the metadata type can carry as lo without saturating;
-// for fp32 the bound keeps max - min finite in float32.
-
 // Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`.
 void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte* dst,
                std::int64_t cap, std::int64_t row0) {
