@@ -216,6 +216,10 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
   return best;
 }
 
+// The codes of a row overwrite its slots behind the reads: no memory access
+// of a pack loop moves across this (compiler only; no instruction).
+__device__ __forceinline__ void code_barrier() { asm volatile("" ::: "memory"); }
+
 // Packs the codes of n slots (n * BITS a multiple of 16) into out16, 16 bits a word.
 // !kClamp: every quotient lies in [-0.5, levels + 0.5) (code_plus_round).
 template <int BITS, bool kDivide, bool kClamp = true>
@@ -240,6 +244,7 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
       acc += bits_of(v.y) << ((e + 1) * BITS);
     }
     out16[w] = static_cast<unsigned short>(acc);
+    code_barrier();
   }
 }
 
@@ -316,6 +321,7 @@ __device__ __forceinline__ void pack_codes_by_thresholds(const __half* xs, int n
       }
     }
     out16[w] = static_cast<unsigned short>(acc | acc >> 16);
+    code_barrier();
   }
 }
 
@@ -358,22 +364,23 @@ __device__ __forceinline__ int choose_factor_by_thresholds(const Factors<NA>& F,
 
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
 // permuted, padded) with a row stride of an odd number of words, so that the
-// threads of a warp (one row each) read distinct banks; the block's packed
-// code rows (odd word strides too), with the channel -> slot map in their
-// place while the rows are staged. At group 128 and 2 bits 37888 bytes: six
-// blocks an SM.
+// threads of a warp (one row each) read distinct banks, then the channel ->
+// slot map. A row's packed codes are written over its own slots: a code
+// takes at most a byte where its slot took two, so the codes of slots
+// [0, s) end before slot s / 2 and never reach a slot not yet read (the pack
+// loops keep the compiler from moving a store above a load: code_barrier).
+// At group 128: 33536 bytes, six blocks an SM at every code width.
 struct FlushLayout {
   int R = 0, stride = 0;  // rows per block, row stride in halves
-  int out_stride = 0;     // bytes a packed code row: an odd number of words (the threads of a warp write distinct banks)
+  int out_stride = 0;     // bytes from a row's codes to the next row's (the row stride)
   std::size_t inv_at = 0, out_at = 0, bytes = 0;
-  __host__ __device__ FlushLayout(int rows, int P, int D, std::int64_t row_bytes) : R(rows) {
+  __host__ __device__ FlushLayout(int rows, int P, int D) : R(rows) {
     stride = (P + 1) / 2 * 2;
     if ((stride / 2) % 2 == 0) stride += 2;
-    out_at = (static_cast<std::size_t>(R) * stride * 2 + 15) / 16 * 16;
-    inv_at = out_at;  // the slot map is read only while staging, the code rows written only after it
-    out_stride = static_cast<int>((row_bytes + 3) / 4 * 4);
-    if ((out_stride / 4) % 2 == 0) out_stride += 4;
-    bytes = out_at + std::max(static_cast<std::size_t>(R) * out_stride, static_cast<std::size_t>(D) * 2);
+    out_at = 0;
+    out_stride = stride * 2;  // a code row takes at most P bytes (8 bits a slot) of the row's 2 P
+    inv_at = (static_cast<std::size_t>(R) * stride * 2 + 15) / 16 * 16;
+    bytes = inv_at + static_cast<std::size_t>(D) * 2;
   }
 };
 
@@ -442,7 +449,7 @@ struct StageD128 {
 // the rows, so a quarter of the bytes in flight).
 // The rows are read with 16-byte loads (several in flight per thread) into
 // shared memory, each value stored at its permuted slot; the codes are packed
-// into shared memory and written out as whole rows. With one clip factor
+// over the row's own slots (FlushLayout) and written out as whole rows. With one clip factor
 // (search off) there is nothing to choose and no error is summed.
 // At most kThreadsTarget threads (rows) a block; without the search 64
 // registers a thread, so that registers never limit the blocks an SM below
@@ -461,7 +468,7 @@ template <int NA, int BITS, bool kChoose = false>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
-  const FlushLayout L(R, P, D, s.row_bytes);
+  const FlushLayout L(R, P, D);
   __half* rows = reinterpret_cast<__half*>(smem);
   short* inv = reinterpret_cast<short*>(smem + L.inv_at);
   unsigned char* out = smem + L.out_at;
@@ -658,8 +665,8 @@ void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
   const int P = side.G * f.group;
   // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
   int R = std::max(1, std::min(f.window, kThreadsTarget));
-  while (R > 1 && FlushLayout(R, P, side.D, side.row_bytes).bytes > 64 * 1024) --R;
-  const FlushLayout L(R, P, side.D, side.row_bytes);
+  while (R > 1 && FlushLayout(R, P, side.D).bytes > 64 * 1024) --R;
+  const FlushLayout L(R, P, side.D);
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
   if (blocks >= (std::int64_t{1} << 31)) {
     throw Error("skvq: the GPU flush of " + std::to_string(f.n_chunks) + " windows at B*H=" + std::to_string(f.B * f.H) +
