@@ -191,6 +191,20 @@ __device__ __forceinline__ float code_of(float x, float lo, float scale, float i
   return __fsub_rn(code_plus_round(x, lo, scale, inv, levels), kRound);
 }
 
+// The factor with the smallest mean error (sum * 1/g, rounded), ties to the
+// earlier factor: the spec's choice, whichever way the sums were formed.
+template <int NA>
+__device__ __forceinline__ int best_factor(const float (&err)[NA], float inv_g) {
+  int best = 0;
+  float best_err = __fmul_rn(err[0], inv_g);
+#pragma unroll
+  for (int a = 1; a < NA; ++a) {
+    const float e = __fmul_rn(err[a], inv_g);
+    if (e < best_err) best_err = e, best = a;
+  }
+  return best;
+}
+
 // The spec's choice: every factor's error summed in slot order with each
 // operation rounded (the factors' chains side by side, no branch per value),
 // the smallest mean error, ties to the earlier factor.
@@ -206,14 +220,7 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
       err[a] = __fadd_rn(err[a], sq_error(code, x, F.lo[a], F.scale[a]));
     }
   });
-  int best = 0;
-  float best_err = __fmul_rn(err[0], inv_g);
-#pragma unroll
-  for (int a = 1; a < NA; ++a) {
-    const float e = __fmul_rn(err[a], inv_g);
-    if (e < best_err) best_err = e, best = a;
-  }
-  return best;
+  return best_factor(err, inv_g);
 }
 
 // The codes of a row overwrite its slots behind the reads: no memory access
@@ -352,14 +359,7 @@ __device__ __forceinline__ int choose_factor_by_thresholds(const Factors<NA>& F,
       err[a] = __fadd_rn(err[a], __fmul_rn(d, d));
     }
   });
-  int best = 0;
-  float best_err = __fmul_rn(err[0], inv_g);
-#pragma unroll
-  for (int a = 1; a < NA; ++a) {
-    const float e = __fmul_rn(err[a], inv_g);
-    if (e < best_err) best_err = e, best = a;
-  }
-  return best;
+  return best_factor(err, inv_g);
 }
 
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
