@@ -252,6 +252,11 @@ TEST_P(AttendTarget, MatchesReference) {
   for (const auto& c : cases) run_case(c, seed += 3);
 }
 
+// The random fused layouts on every target too: each target has its own
+// integer paths (AVX3_DL: VNNI; AVX2: vpmaddubsw / vpmaddwd) or float form,
+// with its own partial batches, pairs and quads of rows.
+TEST_P(AttendTarget, RandomFusedLayouts) { random_fused_layouts(4321 + static_cast<std::uint32_t>(GetParam() % 997), 30); }
+
 INSTANTIATE_TEST_SUITE_P(AllTargets, AttendTarget, ::testing::ValuesIn(cpu::available_targets()),
                          [](const ::testing::TestParamInfo<std::int64_t>& info) {
                            return cpu::target_name(info.param);

@@ -112,13 +112,13 @@ inline RowScale row_scale(const TensorView& q, const TensorView& k, const Tensor
 }
 
 // The fused attention kernels (CPU SIMD, CUDA) read packed rows as x = lot + sct * f with
-// sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and (AVX3_DL, CUDA) form the
+// sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and (AVX3_DL, AVX2, CUDA) form the
 // codes' part of q . x from q rounded to 16 bits (|q - q~| <= max|q| / 65024).
 // Per query row, over the packed rows of its KV head (docs/numerics.md):
 //   ak = softmax scale * max_t sum_d |q_d| (|lo| + 3 * 2^b * |scale|)  (magnitude of the fused score terms)
 //   qk = softmax scale * max|q| / 65024 * max_t sum_d (2^b - 1) |scale|  (score error of the 16-bit q)
 //   av = max over rows and groups of |lo| + 3 * 2^b * |scale|          (magnitude of the fused value terms)
-//   vq = 128 (2^b - 1) max|scale| / 64000 of the values  (CPU AVX3_DL: value weights rounded to 16 bits per
+//   vq = 128 (2^b - 1) max|scale| / 64000 of the values  (CPU AVX3_DL and AVX2: value weights rounded to 16 bits per
 //        128-row block; bound on the output, relative to nothing: the weights sum to 1)
 struct PackedBound {
   double ak = 0, qk = 0, av = 0, vq = 0;

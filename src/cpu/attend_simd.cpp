@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -460,6 +461,15 @@ constexpr bool kVnni = true;
 #else
 constexpr bool kVnni = false;
 #endif
+// AVX2 has no VNNI, but the same integer formulation runs on its 16-bit
+// products: vpmaddubsw (unsigned byte x signed byte, adjacent pairs summed
+// to int16) for the keys and vpmaddwd (int16 x int16, pairs summed to int32)
+// for the values.
+#if HWY_TARGET == HWY_AVX2
+constexpr bool kAvx2Int = true;
+#else
+constexpr bool kAvx2Int = false;
+#endif
 
 // The query of the VNNI path (AVX3_DL): q rounded to qi = round(q / s) with
 // |qi| <= 127 * 256, split into qi = 256 * hi + lo with hi, lo int8, laid out
@@ -674,9 +684,118 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, c
 }
 #endif
 
-// The integer key path above applies: rows of 1..16 whole words, a power of two.
+#if HWY_TARGET == HWY_AVX2
+// ---------------------------------------------------------------------------
+// The same integer paths on AVX2 (8 lanes of 32 bits). Keys: 8 rows at a time
+// (R vectors of words, a row spanning P = R / 8 vectors when R > 8), each
+// word's exact 256 sum(hi c) + sum(lo c) from vpmaddubsw (codes unsigned,
+// query bytes signed; a pair's sum is at most 2 * 15 * 128 in magnitude and
+// the 8 / bits slices of a word add up to at most 8 * 3 * 128 = 3072 (2
+// bits), 7680 (4 bits), 2048 (1 bit), so int16 holds them without
+// saturating; 8-bit codes would not fit and keep the float path), widened by
+// vpmaddwd; then, as on AVX3_DL, adjacent lanes summed up to one lane per
+// (row, group), the metadata applied in float, the groups of a row summed.
+// The integer sums and the float operations are those of VnniKeyScoresT, so
+// the scores are the same bit for bit.
+// ---------------------------------------------------------------------------
+// [a0+a1, a2+a3, a4+a5, a6+a7, b0+b1, ..., b6+b7]
+HWY_INLINE __m256i PairSum8Epi32(__m256i a, __m256i b) { return _mm256_permute4x64_epi64(_mm256_hadd_epi32(a, b), 0xD8); }
+HWY_INLINE __m256 PairSum8Ps(__m256 a, __m256 b) {
+  return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_hadd_ps(a, b)), 0xD8));
+}
+
+// Lanes [e, e + 8) of a metadata array (fp16 as stored, or float), lanes
+// from `valid` on zero and not read.
+template <bool kHalf>
+HWY_INLINE __m256 MetaLoad8Full(const void* src) {
+  if constexpr (kHalf) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+  } else {
+    return _mm256_loadu_ps(static_cast<const float*>(src));
+  }
+}
+template <bool kHalf>
+HWY_NOINLINE __m256 MetaLoad8Part(const void* src, std::int64_t valid) {
+  using T = std::conditional_t<kHalf, std::uint16_t, float>;
+  alignas(32) T buf[8] = {};
+  std::memcpy(buf, src, static_cast<std::size_t>(std::max<std::int64_t>(valid, 0)) * sizeof(T));
+  return MetaLoad8Full<kHalf>(buf);
+}
+template <bool kHalf>
+HWY_INLINE __m256 MetaLoad8(const void* p, std::int64_t e, std::int64_t valid) {
+  using T = std::conditional_t<kHalf, std::uint16_t, float>;
+  const T* src = static_cast<const T*>(p) + e;
+  return HWY_LIKELY(valid >= 8) ? MetaLoad8Full<kHalf>(src) : MetaLoad8Part<kHalf>(src, valid);
+}
+
+// BITS: code width (1, 2 or 4); R: words a row (1..16, a power of two); LPG:
+// words a group (R / LPG <= 8 groups a row). Arguments as VnniKeyScoresT's.
+template <int BITS, int R, int LPG, bool kHalf>
+void Avx2KeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
+                    float s, const float* qg, float* scores, LineQueue& lq) {
+  constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG, kP = R > 8 ? R / 8 : 1;
+  static_assert(BITS <= 4 && kG <= 8);
+  const __m256i mask = _mm256_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  const __m256i k256 = _mm256_set1_epi16(256), k1 = _mm256_set1_epi16(1);
+  __m256i qh[kPerByte][kP], ql[kPerByte][kP];
+  for (int m = 0; m < kPerByte; ++m)
+    for (int ph = 0; ph < kP; ++ph) {
+      qh[m][ph] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vq.hi + (m * kP + ph) * 32));
+      ql[m][ph] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(vq.lo + (m * kP + ph) * 32));
+    }
+  const __m256 vs = _mm256_set1_ps(s), vqg = _mm256_loadu_ps(qg);
+  alignas(32) std::uint8_t pad[8 * kRB];
+  for (std::int64_t t0 = 0; t0 < n; t0 += 8) {
+    const std::uint8_t* src = codes + t0 * kRB;
+    if (t0 + 8 > n) {  // last, partial batch: zero rows
+      std::memset(pad, 0, sizeof(pad));
+      std::memcpy(pad, src, static_cast<std::size_t>((n - t0) * kRB));
+      src = pad;
+    }
+    lq.issue(6);
+    // (the first level of lane sums as each pair of vectors is done: fewer live registers)
+    __m256i y[kV], prev = _mm256_setzero_si256();
+#pragma GCC unroll 16
+    for (int v = 0; v < kV; ++v) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * v));
+      __m256i ah = _mm256_setzero_si256(), al = _mm256_setzero_si256();
+      for (int m = 0; m < kPerByte; ++m) {
+        const __m256i x = _mm256_and_si256(m == 0 ? w : _mm256_srli_epi16(w, m * BITS), mask);
+        ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(x, qh[m][v % kP]));
+        al = _mm256_add_epi16(al, _mm256_maddubs_epi16(x, ql[m][v % kP]));
+      }
+      const __m256i yv = _mm256_add_epi32(_mm256_madd_epi16(ah, k256), _mm256_madd_epi16(al, k1));
+      if constexpr (LPG == 1) {
+        y[v] = yv;
+      } else if (v % 2 == 0) {
+        prev = yv;
+      } else {
+        y[v / 2] = PairSum8Epi32(prev, yv);
+      }
+    }
+    int cnt = LPG == 1 ? kV : kV / 2;
+    for (int lpg = LPG / 2; lpg > 1; lpg /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) y[j] = PairSum8Epi32(y[2 * j], y[2 * j + 1]);
+    __m256 z[kG];
+    for (int i = 0; i < cnt; ++i) {
+      const std::int64_t e = t0 * kG + 8 * i;
+      const std::int64_t valid = n * kG - e;
+      z[i] = _mm256_fmadd_ps(_mm256_mul_ps(MetaLoad8<kHalf>(sc, e, valid), vs), _mm256_cvtepi32_ps(y[i]),
+                             _mm256_mul_ps(MetaLoad8<kHalf>(lo, e, valid), vqg));
+    }
+    for (int g = kG; g > 1; g /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) z[j] = PairSum8Ps(z[2 * j], z[2 * j + 1]);
+    _mm256_storeu_ps(scores + t0, z[0]);  // scores has 8 floats of room past the block
+  }
+}
+#endif
+
+// The integer key paths apply: on AVX3_DL rows of 1..16 whole words, a power
+// of two; on AVX2 the same at 1, 2 or 4 bits with at most 8 groups a row.
 bool VnniKeysOk(const FusedPlan& fk) {
-  return kVnni && fk.ok && fk.R <= 16 && (fk.R & (fk.R - 1)) == 0 && fk.lpg >= 1 && fk.lpg <= fk.R;
+  const bool rows = fk.ok && fk.R <= 16 && (fk.R & (fk.R - 1)) == 0 && fk.lpg >= 1 && fk.lpg <= fk.R;
+  if (kVnni) return rows;
+  return kAvx2Int && rows && fk.bits <= 4 && fk.R / fk.lpg <= 8;
 }
 
 void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
@@ -694,6 +813,33 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
       case 4: if constexpr (R >= 4) return go.template operator()<BITS, R, 4>(); break;
       case 8: if constexpr (R >= 8) return go.template operator()<BITS, R, 8>(); break;
       default: if constexpr (R >= 16) return go.template operator()<BITS, R, 16>(); break;
+    }
+  };
+  auto by_r = [&]<int BITS>() HWY_ATTR {
+    switch (fk.R) {
+      case 1: return by_lpg.template operator()<BITS, 1>();
+      case 2: return by_lpg.template operator()<BITS, 2>();
+      case 4: return by_lpg.template operator()<BITS, 4>();
+      case 8: return by_lpg.template operator()<BITS, 8>();
+      default: return by_lpg.template operator()<BITS, 16>();
+    }
+  };
+  ByBits(fk.bits, by_r);
+#elif HWY_TARGET == HWY_AVX2
+  // (bits, R, lpg, half) -> instantiation: bits <= 4, lpg <= R, R / lpg <= 8
+  auto go = [&]<int BITS, int R, int LPG>() {
+    if constexpr (BITS <= 4 && LPG <= R && R / LPG <= 8) {
+      if (half) return Avx2KeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+      return Avx2KeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    }
+  };
+  auto by_lpg = [&]<int BITS, int R>() {
+    switch (fk.lpg) {
+      case 1: return go.template operator()<BITS, R, 1>();
+      case 2: return go.template operator()<BITS, R, 2>();
+      case 4: return go.template operator()<BITS, R, 4>();
+      case 8: return go.template operator()<BITS, R, 8>();
+      default: return go.template operator()<BITS, R, 16>();
     }
   };
   auto by_r = [&]<int BITS>() HWY_ATTR {
@@ -823,36 +969,65 @@ void Values(const FusedPlan& fp, const FusedBlock& blk, const float* w, float* a
 // ---------------------------------------------------------------------------
 struct VnniValuePlan {
   bool ok = false;
-  std::int64_t J = 0, per_byte = 0;
+  std::int64_t J = 0, per_byte = 0, nslots = 0;
   // vpermb indices from a quad's 4G weights as int32 lanes (row t, group g at
   // lane t G + g) to byte t of lane l = row t's weight of lane l's group
   alignas(64) std::uint8_t wix[64] = {};
   // vpermi2b indices: byte 4 l + t of output j is byte pos[j][l] of row t of a quad
   alignas(64) std::uint8_t ix[4][64] = {};
-  // byte of the row that lane l of output j holds: the lanes of 128-bit lane i
-  // all lie in group i * G / 4
-  std::int16_t pos[4][16] = {};
-  std::int64_t slots() const { return J * per_byte * 16; }
+  // AVX2 (Avx2ValuesT): vpshufb indices from a pair's 2G int16 weights (row 0
+  // at 0..G-1, row 1 at G..2G-1) to lane k of pass (j, vi): (row 0's, row 1's
+  // weight of that lane's group)
+  alignas(32) std::uint8_t widx[2][2][32] = {};
+  // the (permuted) channel that each float slot of the value sums adds to
+  std::int16_t chan[512] = {};
+  std::int64_t slots() const { return nslots; }
 };
 
 VnniValuePlan PlanVnniValues(const FusedPlan& fv) {
   VnniValuePlan v;
   const std::int64_t RB = fv.R * 4;
-  if (!kVnni || !fv.ok || (RB != 16 && RB != 32 && RB != 64) || fv.G > 4 || 4 % fv.G != 0) return v;
-  v.ok = true;
-  v.J = RB / 16;
-  v.per_byte = 8 / fv.bits;
-  const std::int64_t LG = 16 / fv.G, BG = RB / fv.G;  // lanes of a group in one output; bytes of a group
-  for (std::int64_t l = 0; l < 16; ++l)  // lane l meets group l / LG in every output
-    for (std::int64_t t = 0; t < 4; ++t) v.wix[4 * l + t] = static_cast<std::uint8_t>(4 * (t * fv.G + l / LG));
-  for (std::int64_t j = 0; j < v.J; ++j)
-    for (std::int64_t l = 0; l < 16; ++l) {
-      const std::int64_t pos = (l / LG) * BG + j * LG + l % LG;
-      v.pos[j][l] = static_cast<std::int16_t>(pos);
-      for (std::int64_t t = 0; t < 4; ++t) {  // two source vectors: rows 0-1 and 2-3 when a row is 64 bytes
-        v.ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + pos : t * RB + pos);
+  if (!fv.ok || fv.G > 4 || 4 % fv.G != 0) return v;
+  if (kVnni && (RB == 16 || RB == 32 || RB == 64)) {
+    v.ok = true;
+    v.J = RB / 16;
+    v.per_byte = 8 / fv.bits;
+    v.nslots = v.J * v.per_byte * 16;
+    const std::int64_t LG = 16 / fv.G, BG = RB / fv.G;  // lanes of a group in one output; bytes of a group
+    for (std::int64_t l = 0; l < 16; ++l)  // lane l meets group l / LG in every output
+      for (std::int64_t t = 0; t < 4; ++t) v.wix[4 * l + t] = static_cast<std::uint8_t>(4 * (t * fv.G + l / LG));
+    for (std::int64_t j = 0; j < v.J; ++j)
+      for (std::int64_t l = 0; l < 16; ++l) {
+        const std::int64_t pos = (l / LG) * BG + j * LG + l % LG;  // byte of the row
+        for (std::int64_t m = 0; m < v.per_byte; ++m)  // slot (j, m) lane l: code m of byte pos
+          v.chan[(j * v.per_byte + m) * 16 + l] = static_cast<std::int16_t>(pos * v.per_byte + m);
+        for (std::int64_t t = 0; t < 4; ++t) {  // two source vectors: rows 0-1 and 2-3 when a row is 64 bytes
+          v.ix[j][4 * l + t] = static_cast<std::uint8_t>(RB == 64 ? (t % 2) * 64 + pos : t * RB + pos);
+        }
       }
-    }
+  }
+  if (kAvx2Int && (RB == 32 || RB == 64)) {
+    v.ok = true;
+    v.J = RB / 32;
+    v.per_byte = 8 / fv.bits;
+    v.nslots = v.J * 2 * 2 * v.per_byte * 8;
+    const std::int64_t words = RB / 2;  // 16-bit words a row
+    for (std::int64_t j = 0; j < v.J; ++j)
+      for (std::int64_t vi = 0; vi < 2; ++vi)
+        for (std::int64_t k = 0; k < 8; ++k) {
+          // vpunpck{l,h}wd of 32 bytes: lanes 0-3 hold words 4 vi + 0..3, lanes 4-7 words 8 + 4 vi + 0..3
+          const std::int64_t word = 16 * j + 4 * vi + (k < 4 ? k : k + 4);
+          const std::int64_t grp = word * fv.G / words;
+          for (std::int64_t b = 0; b < 2; ++b) {
+            v.widx[j][vi][4 * k + b] = static_cast<std::uint8_t>(2 * grp + b);
+            v.widx[j][vi][4 * k + 2 + b] = static_cast<std::uint8_t>(2 * (fv.G + grp) + b);
+          }
+          for (std::int64_t half = 0; half < 2; ++half)
+            for (std::int64_t m = 0; m < v.per_byte; ++m)
+              v.chan[(((j * 2 + vi) * 2 + half) * v.per_byte + m) * 8 + k] =
+                  static_cast<std::int16_t>((2 * word + half) * v.per_byte + m);
+        }
+  }
   return v;
 }
 
@@ -952,9 +1127,101 @@ void VnniValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX2
+// Values on AVX2: per block the weights u = p * scale of every (row, group)
+// rounded to 16 bits against the block's largest as on AVX3_DL (u ~ sw q,
+// 0 <= q <= 32512), and the rows taken two at a time: vpunpck{l,h}wd puts a
+// 16-bit word of row 0 and the same word of row 1 side by side in one 32-bit
+// lane, a mask leaves code m of the word's low (or, after a shift by 8, high)
+// byte in place (c * 2^(m bits) <= 255), and vpmaddwd adds both rows' codes
+// times their weights (q of the word's group, by vpshufb from the pair's 2G
+// weights) into int32: a pair adds at most 2 * 255 * 32512, a block of 128
+// rows at most 1.06e9. One pass a (j, vi) output (8 / bits * 2 accumulators);
+// the sums go, scaled back by sw 2^-(m bits), to float slots
+// [j][vi][half][m][8] (channels in VnniValuePlan::chan). Error as on AVX3_DL.
+template <int BITS, int J, bool kHalf>
+void Avx2ValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
+                 const void* lo, const void* sc, float* accv, float* lov, LineQueue& lq) {
+  constexpr int kPerByte = 8 / BITS;
+  constexpr std::int64_t RB = 32 * J;
+  const std::int64_t G = fp.G;
+  const DF d;
+  // weights u[t * G + g] for t < n (rows from n on: 0)
+  alignas(32) float u[kFused * 4 + 16];
+  const std::int64_t n2 = (n + 1) / 2 * 2, entries = n2 * G;
+  const Expander per_row(G, 8);
+  const std::int64_t end = (entries + 7) / 8 * 8, valid = n * G;
+  // One pass over the (row, group) entries: u = p scale, and lov (lane l:
+  // group l % G) += p lo, as FusedValues sums it.
+  VF vmax[2] = {hn::Zero(d), hn::Zero(d)}, lacc = hn::Load(d, lov);
+  for (std::int64_t e0 = 0; e0 < end; e0 += 8) {  // metadata past the block's rows read as 0 (their weights are 0 too)
+    const VF x = per_row(w, e0 / 8);
+    const VF ue = hn::Mul(x, VF{MetaLoad8<kHalf>(sc, e0, valid - e0)});
+    hn::Store(ue, d, u + e0);
+    vmax[(e0 / 8) % 2] = hn::Max(vmax[(e0 / 8) % 2], ue);
+    lacc = hn::MulAdd(x, VF{MetaLoad8<kHalf>(lo, e0, valid - e0)}, lacc);
+  }
+  hn::Store(lacc, d, lov);
+  const float umax = hn::GetLane(hn::MaxOfLanes(d, hn::Max(vmax[0], vmax[1])));
+  if (!(umax > 0.0f)) return;  // every scale 0 (or every weight): the block's values are their lo
+  const float sw = umax / 32512.0f;
+  // q = u / sw rounded to nearest (to within an ulp: q <= 32512 still), as
+  // int16; a pair's 16-byte load past the last entries reads zeros
+  alignas(32) std::int16_t qw[kFused * 4 + 16];
+  std::memset(qw + end, 0, 16 * sizeof(std::int16_t));
+  const __m256 vinv = _mm256_set1_ps(1.0f / sw);
+  for (std::int64_t e0 = 0; e0 < end; e0 += 8) {
+    const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_load_ps(u + e0), vinv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qw + e0),
+                     _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+  }
+  // The last, partial pair from a zero-padded copy (its weights are zero too).
+  alignas(32) std::uint8_t pad[2 * RB] = {};
+  const std::int64_t full = n / 2, np = n2 / 2;
+  if (full < np) std::memcpy(pad, codes + full * 2 * RB, static_cast<std::size_t>((n - full * 2) * RB));
+  __m256i mk[kPerByte];
+  for (int m = 0; m < kPerByte; ++m) mk[m] = _mm256_set1_epi16(static_cast<std::int16_t>(((1 << BITS) - 1) << (m * BITS)));
+  for (int j = 0; j < J; ++j)
+    for (int vi = 0; vi < 2; ++vi) {
+      const __m256i widx = _mm256_load_si256(reinterpret_cast<const __m256i*>(vp.widx[j][vi]));
+      __m256i acc[2][kPerByte];
+      for (int m = 0; m < kPerByte; ++m) acc[0][m] = acc[1][m] = _mm256_setzero_si256();
+      for (std::int64_t k = 0; k < np; ++k) {
+        lq.issue(1);
+        const std::uint8_t* src = (k < full ? codes + k * 2 * RB : pad) + 32 * j;
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + RB));
+        const __m256i x = vi == 0 ? _mm256_unpacklo_epi16(a, b) : _mm256_unpackhi_epi16(a, b);
+        const __m256i wq = _mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qw + 2 * G * k))), widx);
+        const __m256i xh = _mm256_srli_epi16(x, 8);
+        for (int m = 0; m < kPerByte; ++m) {
+          acc[0][m] = _mm256_add_epi32(acc[0][m], _mm256_madd_epi16(_mm256_and_si256(x, mk[m]), wq));
+          acc[1][m] = _mm256_add_epi32(acc[1][m], _mm256_madd_epi16(_mm256_and_si256(xh, mk[m]), wq));
+        }
+      }
+      for (int half = 0; half < 2; ++half)
+        for (int m = 0; m < kPerByte; ++m) {
+          float* slot = accv + (((j * 2 + vi) * 2 + half) * kPerByte + m) * 8;
+          const __m256 down = _mm256_set1_ps(sw / static_cast<float>(1u << (m * BITS)));
+          _mm256_store_ps(slot, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][m]), down, _mm256_load_ps(slot)));
+        }
+    }
+}
+#endif
+
 void VnniValues(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_t* codes, std::int64_t n, const float* w,
                 const void* lo, const void* sc, bool half, float* accv, float* lov, LineQueue& lq) {
-#if HWY_TARGET == HWY_AVX3_DL
+#if HWY_TARGET == HWY_AVX2
+  auto go = [&]<int BITS, int J>() {
+    if (half) return Avx2ValuesT<BITS, J, true>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
+    return Avx2ValuesT<BITS, J, false>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
+  };
+  ByBits(fp.bits, [&]<int BITS>() HWY_ATTR {
+    if (vp.J == 1) return go.template operator()<BITS, 1>();
+    return go.template operator()<BITS, 2>();
+  });
+#elif HWY_TARGET == HWY_AVX3_DL
   auto go = [&]<int BITS, int J>() {
     if (half) return VnniValuesT<BITS, J, true>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
     return VnniValuesT<BITS, J, false>(fp, vp, codes, n, w, lo, sc, accv, lov, lq);
@@ -1097,7 +1364,7 @@ struct Plan {
         fk(PlanFused(p, 0, L)),
         fv(PlanFused(p, 1, L)),
         vv(PlanVnniValues(fv)),
-        vnni(kVnni && fk.ok),
+        vnni((kVnni && fk.ok) || (kAvx2Int && VnniKeysOk(fk))),
         vkeys(vnni && VnniKeysOk(fk)),
         qstride(fk.ok && !vkeys ? fk.slots() * L : 0),
         lstride(fk.ok && !vkeys ? fk.P * L : 0),
@@ -1381,12 +1648,7 @@ void HeadRun::Finish() {
           ap[((ph * L + lane) % fv.R) * fv.cpl + k] += ax[(k * fv.P + ph) * L + lane];
         }
     const float* av = accv_ + qi * vv.slots();
-    for (std::int64_t j = 0; j < vv.J; ++j)
-      for (std::int64_t m = 0; m < vv.per_byte; ++m)
-        for (std::int64_t l = 0; l < 16; ++l) {
-          const std::int64_t pos = vv.pos[j][l];  // byte of the row; code m of it
-          ap[pos / 4 * fv.cpl + (pos % 4) * vv.per_byte + m] += av[(j * vv.per_byte + m) * 16 + l];
-        }
+    for (std::int64_t sl = 0; sl < vv.slots(); ++sl) ap[vv.chan[sl]] += av[sl];
     const float* lo = lov_ + qi * fv.Lp;  // lane l: group l % G
     for (std::int64_t grp = 0; grp < fv.G; ++grp) {
       float sum = 0.0f;
