@@ -1,7 +1,7 @@
 // The thread pool behind attention (core/thread_pool.hpp): every index run
 // exactly once whatever the thread count, jobs back to back (workers still
 // spinning from the last one) and after the workers have gone to sleep, the
-// first exception rethrown and the pool usable after it.
+// first exception rethrown and the pool usable after it, nested calls inline.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -48,4 +48,21 @@ TEST(ThreadPool, RethrowsAndStaysUsable) {
                std::runtime_error);
   EXPECT_EQ(ran.load(), 50);  // the other tasks still ran
   expect_each_once(pool, 64, 3);
+}
+
+// A parallel_for from inside a task (a cache flush inside an attention task,
+// say) runs inline instead of waiting for the job it is part of; the pool
+// runs jobs in parallel again after.
+TEST(ThreadPool, NestedCallRunsInline) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(20 * 30);
+  pool.parallel_for(20, 4, [&](std::int64_t i) {
+    const std::thread::id outer = std::this_thread::get_id();
+    pool.parallel_for(30, 4, [&](std::int64_t j) {
+      EXPECT_EQ(std::this_thread::get_id(), outer);
+      hits[static_cast<std::size_t>(i * 30 + j)].fetch_add(1);
+    });
+  });
+  for (std::size_t k = 0; k < hits.size(); ++k) ASSERT_EQ(hits[k].load(), 1) << k;
+  expect_each_once(pool, 100, 4);
 }

@@ -9,6 +9,7 @@
 #include "core/input_check.hpp"
 #include "core/quant_params.hpp"
 #include "core/skvq_state.hpp"
+#include "core/thread_pool.hpp"
 #include "cpu/convert_simd.hpp"
 #include "cpu/quantize_simd.hpp"
 #include "ref/dequantize.hpp"
@@ -23,16 +24,24 @@ using detail::PackedChunk;
 using detail::Side;
 using detail::SkvqState;
 
-void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh, std::int64_t i,
-                                   float* out) const {
+void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh, std::int64_t i0, std::int64_t n,
+                                   float* out, bool reference) const {
   const PackedChunk& ch = s.chunks[c];
   const std::int64_t cph = codes_per_head(s, ch.n_rows);
   const std::int64_t mph = meta_per_head(s, ch.n_rows);
   const std::int64_t mrow = groups(s) * meta_bytes(cfg.metadata);
   const std::int32_t* perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % heads) * s.head_dim;
-  ref::dequantize_row(ch.codes.data() + bh * cph, cph, i, s.head_dim, s.bits, cfg.group_size,
-                      cfg.metadata, ch.lo.data() + bh * mph + i * mrow,
-                      ch.scale.data() + bh * mph + i * mrow, perm, out);
+  const std::uint8_t* codes = ch.codes.data() + bh * cph;
+  const std::uint8_t* lo = ch.lo.data() + bh * mph + i0 * mrow;
+  const std::uint8_t* sc = ch.scale.data() + bh * mph + i0 * mrow;
+  if (reference || kernel == Kernel::reference) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      ref::dequantize_row(codes, cph, i0 + i, s.head_dim, s.bits, cfg.group_size, cfg.metadata, lo + i * mrow,
+                          sc + i * mrow, perm, out + i * s.head_dim);
+    }
+    return;
+  }
+  cpu::dequantize_rows(codes, cph, i0, n, s.head_dim, s.bits, cfg.group_size, cfg.metadata, lo, sc, mrow, perm, out);
 }
 
 namespace {
@@ -180,13 +189,16 @@ void flush_side(SkvqState& st, Side& s) {
   s.chunks.push_back(std::move(ch));
 
   if (!s.dense.empty()) {  // the dense view now shows the reconstruction
-    std::vector<float> rec(static_cast<std::size_t>(D));
-    for (std::int64_t bh = 0; bh < BH; ++bh)
+    auto& pool = detail::ThreadPool::global();
+    pool.parallel_for(BH, pool.size(), [&](std::int64_t bh) {
+      thread_local std::vector<float> rec;
+      rec.resize(static_cast<std::size_t>(nq * D));
+      st.dequantize(s, s.chunks.size() - 1, bh, 0, nq, rec.data());
       for (std::int64_t i = 0; i < nq; ++i) {
-        st.dequantize(s, s.chunks.size() - 1, bh, i, rec.data());
-        store_row_f32(s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es, st.dtype, D,
-                      rec.data());
+        cpu::store_row_f32(s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es, st.dtype, D,
+                      rec.data() + i * D);
       }
+    });
   }
 }
 
@@ -301,29 +313,31 @@ void copy_exact_row(const std::byte* src, DType sdt, const TensorView& dst, std:
 void fetch_side(const SkvqState& st, const Side& s, const TensorView& out) {
   const std::int64_t H = st.heads, D = s.head_dim, r = st.cfg.window, es = st.esize();
   const std::int64_t sinks = st.sinks_held();
-  std::vector<float> rec(static_cast<std::size_t>(D));
-  for (std::int64_t b = 0; b < st.batch; ++b)
-    for (std::int64_t h = 0; h < H; ++h) {
-      const std::int64_t bh = b * H + h;
-      for (std::int64_t t = 0; t < sinks; ++t) {
-        copy_exact_row(s.sinks.data() + (bh * sinks + t) * D * es, st.dtype, out, b, h, t, D);
-      }
-      for (std::size_t c = 0; c < s.chunks.size(); ++c) {
-        const std::int64_t first = st.first_row(c);
-        for (std::int64_t i = 0; i < s.chunks[c].n_rows; ++i) {
-          st.dequantize(s, c, bh, i, rec.data());
-          const std::int64_t t = static_cast<std::int64_t>(c) * r + first + i;
-          if (out.strides[3] == 1) {
-            store_row_f32(out.ptr(b, h, t, 0), out.dtype, D, rec.data());
-          } else {
-            for (std::int64_t d = 0; d < D; ++d) out.set(b, h, t, d, rec[static_cast<std::size_t>(d)]);
-          }
+  auto& pool = detail::ThreadPool::global();
+  pool.parallel_for(st.batch * H, pool.size(), [&](std::int64_t bh) {  // each (b, h) its own rows of out
+    const std::int64_t b = bh / H, h = bh % H;
+    thread_local std::vector<float> rec;
+    for (std::int64_t t = 0; t < sinks; ++t) {
+      copy_exact_row(s.sinks.data() + (bh * sinks + t) * D * es, st.dtype, out, b, h, t, D);
+    }
+    for (std::size_t c = 0; c < s.chunks.size(); ++c) {
+      const std::int64_t first = st.first_row(c), n = s.chunks[c].n_rows;
+      rec.resize(static_cast<std::size_t>(n * D));
+      st.dequantize(s, c, bh, 0, n, rec.data());
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t t = static_cast<std::int64_t>(c) * r + first + i;
+        const float* row = rec.data() + i * D;
+        if (out.strides[3] == 1) {
+          cpu::store_row_f32(out.ptr(b, h, t, 0), out.dtype, D, row);
+        } else {
+          for (std::int64_t d = 0; d < D; ++d) out.set(b, h, t, d, row[d]);
         }
       }
-      for (std::int64_t t = st.q_end; t < st.offset; ++t) {
-        copy_exact_row(s.tail.data() + (bh * r + t - st.q_end) * D * es, st.dtype, out, b, h, t, D);
-      }
     }
+    for (std::int64_t t = st.q_end; t < st.offset; ++t) {
+      copy_exact_row(s.tail.data() + (bh * r + t - st.q_end) * D * es, st.dtype, out, b, h, t, D);
+    }
+  });
 }
 
 void check_out(const SkvqState& st, const Side& s, const TensorView& out, const char* name) {

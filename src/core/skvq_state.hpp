@@ -74,8 +74,11 @@ struct SkvqState {
   // Rows of chunk c in the packed store; the first is token c*window + first_row(c).
   std::int64_t first_row(std::size_t c) const { return c == 0 ? cfg.n_sink : 0; }
 
-  // Reconstructs row i of chunk c for head (b, h) into out[0..D) (original channel order).
-  void dequantize(const Side& s, std::size_t c, std::int64_t bh, std::int64_t i, float* out) const;
+  // Reconstructs rows [i0, i0 + n) of chunk c for head (b, h) into out[n][D]
+  // (original channel order; the SIMD dequantizer unless `reference` or
+  // `kernel` asks for the reference, the same values either way).
+  void dequantize(const Side& s, std::size_t c, std::int64_t bh, std::int64_t i0, std::int64_t n, float* out,
+                  bool reference = false) const;
 };
 
 }  // namespace skvq::detail

@@ -25,6 +25,19 @@ bool spin_for(Done&& done) {
   }
 }
 
+// Set while this thread runs a task of some parallel_for: a parallel_for
+// called from inside one runs inline (one job at a time: it would otherwise
+// wait for the job it is part of).
+thread_local bool tl_in_task = false;
+
+struct InTask {
+  bool saved = tl_in_task;
+  InTask() { tl_in_task = true; }
+  ~InTask() { tl_in_task = saved; }
+  InTask(const InTask&) = delete;
+  InTask& operator=(const InTask&) = delete;
+};
+
 }  // namespace
 
 ThreadPool& ThreadPool::global() {
@@ -54,6 +67,7 @@ void ThreadPool::run_tasks() {
       i = next_++;
     }
     try {
+      const InTask in_task;
       (*fn_)(i);
     } catch (...) {
       std::lock_guard<std::mutex> lk(mu_);
@@ -87,7 +101,7 @@ void ThreadPool::worker_loop() {
 
 void ThreadPool::parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn) {
   if (n <= 0) return;
-  if (threads <= 1 || workers_.empty() || n == 1) {
+  if (threads <= 1 || workers_.empty() || n == 1 || tl_in_task) {
     for (std::int64_t i = 0; i < n; ++i) fn(i);
     return;
   }

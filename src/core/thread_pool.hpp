@@ -1,6 +1,7 @@
 // A small persistent thread pool for data-parallel loops (attention splits,
 // heads). parallel_for runs fn(i) for i in [0, n) on up to `threads` threads
-// (the caller included) and rethrows the first exception a task threw.
+// (the caller included) and rethrows the first exception a task threw; called
+// from inside a task it runs the loop inline on that thread.
 // After a job a worker spins for up to kSpin before it sleeps, and the caller
 // spins as long for the last tasks, so that back-to-back calls (one a layer
 // in a decode step) do not wait for a thread to wake (tens of microseconds on

@@ -3,6 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ref/dequantize.hpp"
+#include "ref/meta.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/convert_simd.cpp"
@@ -27,6 +32,20 @@ void LoadRowF32(const std::byte* p, DType t, std::int64_t n, float* out) {
     for (; j + L <= n; j += L) hn::StoreU(hn::PromoteTo(d, hn::LoadU(db, h + j)), d, out + j);
   }
   skvq::load_row_f32(p + j * static_cast<std::int64_t>(dtype_size(t)), t, n - j, out + j);
+}
+
+void StoreRowF32(std::byte* p, DType t, std::int64_t n, const float* in) {
+  const hn::ScalableTag<float> d;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d));
+  std::int64_t j = 0;
+  // (x86 targets with F16C only: Highway's software conversion elsewhere does
+  // not round subnormals and overflow as the scalar store does)
+  if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && t == DType::f16) {
+    const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+    auto* h = reinterpret_cast<hwy::float16_t*>(p);
+    for (; j + L <= n; j += L) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, in + j)), dh, h + j);
+  }
+  skvq::store_row_f32(p + j * static_cast<std::int64_t>(dtype_size(t)), t, n - j, in + j);
 }
 
 float MaxAbs(const float* x, std::int64_t n) {
@@ -61,6 +80,64 @@ std::uint16_t MaxAbsBits16(const std::uint16_t* h, std::int64_t n) {
   return r;
 }
 
+// byte -> its 8 / bits codes as floats, lowest code first (1, 2, 4 bits)
+struct ByteCodes {
+  float t1[256 * 8], t2[256 * 4], t4[256 * 2];
+  ByteCodes() {
+    for (int b = 0; b < 256; ++b) {
+      for (int k = 0; k < 8; ++k) t1[b * 8 + k] = static_cast<float>((b >> k) & 1);
+      for (int k = 0; k < 4; ++k) t2[b * 4 + k] = static_cast<float>((b >> (2 * k)) & 3);
+      for (int k = 0; k < 2; ++k) t4[b * 2 + k] = static_cast<float>((b >> (4 * k)) & 15);
+    }
+  }
+};
+
+void DequantizeRows(const std::uint8_t* stream, std::int64_t stream_bytes, std::int64_t row0, std::int64_t n, int D,
+                    int bits, int g, MetaType meta, const std::uint8_t* lo, const std::uint8_t* scale, std::int64_t mrow,
+                    const std::int32_t* perm, float* out) {
+  if ((bits != 1 && bits != 2 && bits != 4 && bits != 8) || (static_cast<std::int64_t>(D) * bits) % 8 != 0) {
+    for (std::int64_t i = 0; i < n; ++i) {
+      ref::dequantize_row(stream, stream_bytes, row0 + i, D, bits, g, meta, lo + i * mrow, scale + i * mrow, perm,
+                          out + i * D);
+    }
+    return;
+  }
+  static const ByteCodes tables;
+  const float* table = bits == 1 ? tables.t1 : bits == 2 ? tables.t2 : tables.t4;
+  const hn::ScalableTag<float> d;
+  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d)), per = 8 / bits, rb = D * bits / 8;
+  const int mb = meta_bytes(meta);
+  thread_local std::vector<float> buf;
+  buf.resize(static_cast<std::size_t>(D));
+  float* c = buf.data();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint8_t* src = stream + (row0 + i) * rb;
+    float* row = out + i * D;
+    float* x = perm ? c : row;  // the permuted row, scattered at the end
+    if (bits == 8) {
+      for (std::int64_t j = 0; j < D; ++j) x[j] = static_cast<float>(src[j]);
+    } else {
+      for (std::int64_t k = 0; k < rb; ++k) {
+        std::memcpy(x + k * per, table + src[k] * per, static_cast<std::size_t>(per) * sizeof(float));
+      }
+    }
+    for (std::int64_t k = 0, j0 = 0; j0 < D; ++k, j0 += g) {  // per group: the product rounded, then the sum
+      const float lo_f = ref::meta_load(lo + i * mrow + k * mb, meta), sc_f = ref::meta_load(scale + i * mrow + k * mb, meta);
+      const std::int64_t j1 = std::min<std::int64_t>(D, j0 + g);
+      std::int64_t j = j0;
+      const auto vs = hn::Set(d, sc_f), vl = hn::Set(d, lo_f);
+      for (; j + L <= j1; j += L) hn::StoreU(hn::Add(hn::Mul(hn::LoadU(d, x + j), vs), vl), d, x + j);
+      for (; j < j1; ++j) {
+        const float prod = x[j] * sc_f;
+        x[j] = prod + lo_f;
+      }
+    }
+    if (perm) {
+      for (std::int64_t j = 0; j < D; ++j) row[perm[j]] = c[j];
+    }
+  }
+}
+
 }  // namespace skvq::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -68,8 +145,20 @@ HWY_AFTER_NAMESPACE();
 namespace skvq::cpu {
 
 HWY_EXPORT(LoadRowF32);
+HWY_EXPORT(StoreRowF32);
+
+void store_row_f32(std::byte* p, DType t, std::int64_t n, const float* in) {
+  HWY_DYNAMIC_DISPATCH(StoreRowF32)(p, t, n, in);
+}
 HWY_EXPORT(MaxAbs);
 HWY_EXPORT(MaxAbsBits16);
+HWY_EXPORT(DequantizeRows);
+
+void dequantize_rows(const std::uint8_t* stream, std::int64_t stream_bytes, std::int64_t row0, std::int64_t n, int D,
+                     int bits, int g, MetaType meta, const std::uint8_t* lo, const std::uint8_t* scale,
+                     std::int64_t mrow, const std::int32_t* perm, float* out) {
+  HWY_DYNAMIC_DISPATCH(DequantizeRows)(stream, stream_bytes, row0, n, D, bits, g, meta, lo, scale, mrow, perm, out);
+}
 
 void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(LoadRowF32)(p, t, n, out);

@@ -24,7 +24,7 @@ void kv_row(const AttendParams& p, int side, std::int64_t b, std::int64_t h, std
     load_row_f32(s.sinks.data() + (bh * sinks + t) * D * es, st.dtype, D, out);
   } else if (t < st.q_end) {
     const auto c = static_cast<std::size_t>(t / r);
-    st.dequantize(s, c, bh, t % r - st.first_row(c), out);
+    st.dequantize(s, c, bh, t % r - st.first_row(c), 1, out, /*reference=*/true);
   } else {
     load_row_f32(s.tail.data() + (bh * r + t - st.q_end) * D * es, st.dtype, D, out);
   }
