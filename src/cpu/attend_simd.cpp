@@ -707,25 +707,26 @@ HWY_INLINE __m256 PairSum8Ps(__m256 a, __m256 b) {
 // Lanes [e, e + 8) of a metadata array (fp16 as stored, or float), lanes
 // from `valid` on zero and not read.
 template <bool kHalf>
-HWY_INLINE __m256 MetaLoad8Full(const void* src) {
+using MetaT = std::conditional_t<kHalf, std::uint16_t, float>;
+// Lanes [e, e + 8), all readable.
+template <bool kHalf>
+HWY_INLINE __m256 MetaLoad8Full(const void* p, std::int64_t e) {
   if constexpr (kHalf) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(static_cast<const __m128i*>(src)));
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const MetaT<kHalf>*>(p) + e)));
   } else {
-    return _mm256_loadu_ps(static_cast<const float*>(src));
+    return _mm256_loadu_ps(static_cast<const MetaT<kHalf>*>(p) + e);
   }
 }
 template <bool kHalf>
-HWY_NOINLINE __m256 MetaLoad8Part(const void* src, std::int64_t valid) {
-  using T = std::conditional_t<kHalf, std::uint16_t, float>;
-  alignas(32) T buf[8] = {};
-  std::memcpy(buf, src, static_cast<std::size_t>(std::max<std::int64_t>(valid, 0)) * sizeof(T));
-  return MetaLoad8Full<kHalf>(buf);
+HWY_NOINLINE __m256 MetaLoad8Part(const void* p, std::int64_t e, std::int64_t valid) {
+  alignas(32) MetaT<kHalf> buf[8] = {};
+  std::memcpy(buf, static_cast<const MetaT<kHalf>*>(p) + e,
+              static_cast<std::size_t>(std::max<std::int64_t>(valid, 0)) * sizeof(MetaT<kHalf>));
+  return MetaLoad8Full<kHalf>(buf, 0);
 }
 template <bool kHalf>
 HWY_INLINE __m256 MetaLoad8(const void* p, std::int64_t e, std::int64_t valid) {
-  using T = std::conditional_t<kHalf, std::uint16_t, float>;
-  const T* src = static_cast<const T*>(p) + e;
-  return HWY_LIKELY(valid >= 8) ? MetaLoad8Full<kHalf>(src) : MetaLoad8Part<kHalf>(src, valid);
+  return HWY_LIKELY(valid >= 8) ? MetaLoad8Full<kHalf>(p, e) : MetaLoad8Part<kHalf>(p, e, valid);
 }
 
 // BITS: code width (1, 2 or 4); R: words a row (1..16, a power of two); LPG:
@@ -1149,20 +1150,30 @@ void Avx2ValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   // weights u[t * G + g] for t < n (rows from n on: 0)
   alignas(32) float u[kFused * 4 + 16];
   const std::int64_t n2 = (n + 1) / 2 * 2, entries = n2 * G;
-  const Expander per_row(G, 8);
   const std::int64_t end = (entries + 7) / 8 * 8, valid = n * G;
   // One pass over the (row, group) entries: u = p scale, and lov (lane l:
-  // group l % G) += p lo, as FusedValues sums it.
-  VF vmax[2] = {hn::Zero(d), hn::Zero(d)}, lacc = hn::Load(d, lov);
-  for (std::int64_t e0 = 0; e0 < end; e0 += 8) {  // metadata past the block's rows read as 0 (their weights are 0 too)
-    const VF x = per_row(w, e0 / 8);
-    const VF ue = hn::Mul(x, VF{MetaLoad8<kHalf>(sc, e0, valid - e0)});
-    hn::Store(ue, d, u + e0);
-    vmax[(e0 / 8) % 2] = hn::Max(vmax[(e0 / 8) % 2], ue);
-    lacc = hn::MulAdd(x, VF{MetaLoad8<kHalf>(lo, e0, valid - e0)}, lacc);
+  // group l % G) += p lo, as FusedValues sums it. Entry e's weight is
+  // w[e / G] (G = 1, 2 or 4): lanes [e, e + 8) from w[e / G] on by vpermps.
+  const int gshift = G == 1 ? 0 : G == 2 ? 1 : 2;
+  const __m256i ridx = _mm256_srlv_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(gshift));
+  __m256 vmax0 = _mm256_setzero_ps(), vmax1 = _mm256_setzero_ps(), lacc = _mm256_load_ps(lov);
+  const auto entry = [&](std::int64_t e, __m256 s, __m256 l, __m256& vmax) HWY_ATTR {
+    const __m256 x = _mm256_permutevar8x32_ps(_mm256_loadu_ps(w + (e >> gshift)), ridx);
+    const __m256 ue = _mm256_mul_ps(x, s);
+    _mm256_store_ps(u + e, ue);
+    vmax = _mm256_max_ps(vmax, ue);
+    lacc = _mm256_fmadd_ps(x, l, lacc);
+  };
+  std::int64_t e0 = 0;
+  for (; e0 + 16 <= valid; e0 += 16) {
+    entry(e0, MetaLoad8Full<kHalf>(sc, e0), MetaLoad8Full<kHalf>(lo, e0), vmax0);
+    entry(e0 + 8, MetaLoad8Full<kHalf>(sc, e0 + 8), MetaLoad8Full<kHalf>(lo, e0 + 8), vmax1);
   }
-  hn::Store(lacc, d, lov);
-  const float umax = hn::GetLane(hn::MaxOfLanes(d, hn::Max(vmax[0], vmax[1])));
+  for (; e0 < end; e0 += 8) {  // metadata past the block's rows read as 0 (their weights are 0 too)
+    entry(e0, MetaLoad8<kHalf>(sc, e0, valid - e0), MetaLoad8<kHalf>(lo, e0, valid - e0), vmax0);
+  }
+  _mm256_store_ps(lov, lacc);
+  const float umax = hn::GetLane(hn::MaxOfLanes(d, VF{_mm256_max_ps(vmax0, vmax1)}));
   if (!(umax > 0.0f)) return;  // every scale 0 (or every weight): the block's values are their lo
   const float sw = umax / 32512.0f;
   // q = u / sw rounded to nearest (to within an ulp: q <= 32512 still), as
@@ -1181,32 +1192,42 @@ void Avx2ValuesT(const FusedPlan& fp, const VnniValuePlan& vp, const std::uint8_
   if (full < np) std::memcpy(pad, codes + full * 2 * RB, static_cast<std::size_t>((n - full * 2) * RB));
   __m256i mk[kPerByte];
   for (int m = 0; m < kPerByte; ++m) mk[m] = _mm256_set1_epi16(static_cast<std::int16_t>(((1 << BITS) - 1) << (m * BITS)));
-  for (int j = 0; j < J; ++j)
-    for (int vi = 0; vi < 2; ++vi) {
-      const __m256i widx = _mm256_load_si256(reinterpret_cast<const __m256i*>(vp.widx[j][vi]));
-      __m256i acc[2][kPerByte];
-      for (int m = 0; m < kPerByte; ++m) acc[0][m] = acc[1][m] = _mm256_setzero_si256();
-      for (std::int64_t k = 0; k < np; ++k) {
-        lq.issue(1);
-        const std::uint8_t* src = (k < full ? codes + k * 2 * RB : pad) + 32 * j;
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + RB));
-        const __m256i x = vi == 0 ? _mm256_unpacklo_epi16(a, b) : _mm256_unpackhi_epi16(a, b);
-        const __m256i wq = _mm256_shuffle_epi8(
-            _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qw + 2 * G * k))), widx);
-        const __m256i xh = _mm256_srli_epi16(x, 8);
-        for (int m = 0; m < kPerByte; ++m) {
-          acc[0][m] = _mm256_add_epi32(acc[0][m], _mm256_madd_epi16(_mm256_and_si256(x, mk[m]), wq));
-          acc[1][m] = _mm256_add_epi32(acc[1][m], _mm256_madd_epi16(_mm256_and_si256(xh, mk[m]), wq));
-        }
+  // One pass a (j, vi) output (vi a compile-time constant: the unpack is fixed
+  // in the loop); the full pairs, then the last from the padded copy.
+  const auto pass = [&]<int VI>(int j) HWY_ATTR {
+    const __m256i widx = _mm256_load_si256(reinterpret_cast<const __m256i*>(vp.widx[j][VI]));
+    __m256i acc[2][kPerByte];
+    for (int m = 0; m < kPerByte; ++m) acc[0][m] = acc[1][m] = _mm256_setzero_si256();
+    const auto pair = [&](const std::uint8_t* src, std::int64_t k) HWY_ATTR {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * j));
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + RB + 32 * j));
+      const __m256i x = VI == 0 ? _mm256_unpacklo_epi16(a, b) : _mm256_unpackhi_epi16(a, b);
+      const __m256i wq = _mm256_shuffle_epi8(
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qw + 2 * G * k))), widx);
+      const __m256i xh = _mm256_srli_epi16(x, 8);
+      for (int m = 0; m < kPerByte; ++m) {
+        acc[0][m] = _mm256_add_epi32(acc[0][m], _mm256_madd_epi16(_mm256_and_si256(x, mk[m]), wq));
+        acc[1][m] = _mm256_add_epi32(acc[1][m], _mm256_madd_epi16(_mm256_and_si256(xh, mk[m]), wq));
       }
-      for (int half = 0; half < 2; ++half)
-        for (int m = 0; m < kPerByte; ++m) {
-          float* slot = accv + (((j * 2 + vi) * 2 + half) * kPerByte + m) * 8;
-          const __m256 down = _mm256_set1_ps(sw / static_cast<float>(1u << (m * BITS)));
-          _mm256_store_ps(slot, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][m]), down, _mm256_load_ps(slot)));
-        }
+    };
+    std::int64_t k = 0;
+    for (; k + 2 <= full; k += 2) {
+      lq.issue(2);
+      pair(codes + k * 2 * RB, k);
+      pair(codes + (k + 1) * 2 * RB, k + 1);
     }
+    for (; k < np; ++k) pair(k < full ? codes + k * 2 * RB : pad, k);
+    for (int half = 0; half < 2; ++half)
+      for (int m = 0; m < kPerByte; ++m) {
+        float* slot = accv + (((j * 2 + VI) * 2 + half) * kPerByte + m) * 8;
+        const __m256 down = _mm256_set1_ps(sw / static_cast<float>(1u << (m * BITS)));
+        _mm256_store_ps(slot, _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[half][m]), down, _mm256_load_ps(slot)));
+      }
+  };
+  for (int j = 0; j < J; ++j) {
+    pass.template operator()<0>(j);
+    pass.template operator()<1>(j);
+  }
 }
 #endif
 
