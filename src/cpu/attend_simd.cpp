@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <type_traits>
@@ -452,8 +453,8 @@ class WordBlock {
 struct FusedBlock {
   const WordBlock& wb;
   std::int64_t n;    // rows
-  const float* lot;  // [n * G] (+ N readable)
-  const float* sct;  // [n * G] (+ N readable)
+  const float* lot;  // [n * G] (+ N zeros)
+  const float* sct;  // [n * G] (+ N zeros)
 };
 
 #if HWY_TARGET == HWY_AVX3_DL
@@ -1303,6 +1304,11 @@ const std::uint8_t* FusedRows(const AttendParams& p, int side, const FusedPlan& 
     sct[e] *= static_cast<float>(1 << fp.bits);
     lot[e] -= sct[e];
   }
+  // The kernels read whole vectors: the N entries past the rows' are zero
+  // (scratch reused from earlier calls may hold anything, NaN included, and
+  // a zero weight times NaN is NaN).
+  std::fill(lot + m, lot + m + N, 0.0f);
+  std::fill(sct + m, sct + m + N, 0.0f);
   return codes;
 }
 
@@ -1336,6 +1342,12 @@ class Reused {
       buf_ = hwy::AllocateAligned<float>(m);
       cap_ = m;
     }
+#if defined(__SANITIZE_ADDRESS__)
+    // Sanitizer builds (CI) poison the storage with NaN on every call, so a
+    // kernel that reads stale scratch shows NaN in the tests' outputs
+    // instead of passing on whatever the last call left.
+    std::fill(buf_.get(), buf_.get() + m, std::numeric_limits<float>::quiet_NaN());
+#endif
     return buf_.get();
   }
 
