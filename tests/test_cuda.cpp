@@ -212,8 +212,10 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
 // group is a channel range) spans a random [gmin, gmax], and its other values
 // sit within 3 fp16 steps of lo + (k - 0.5) * scale, where the code changes
 // (the flush finds those boundaries as fp16 thresholds at 1 and 2 bits and
-// codes by comparison; at 4 and 8 bits it forms every quotient). Also
-// groups of one value and of two.
+// codes by comparison; at 4 and 8 bits it rounds an approximate quotient and
+// forms the exact one where that is too close to a half-integer to be
+// certain). Groups far from zero (|lo / scale| up to ~10^5) widen the
+// certainty bound. Also groups of one value and of two.
 TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
   REQUIRE_GPU();
   const auto step = [](float x, int n) {  // n fp16 steps up (down for n < 0); x an fp16 value
@@ -232,7 +234,7 @@ TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
   std::uniform_real_distribution<float> mag(-6.0f, 4.0f), unit(0.0f, 1.0f);
   std::uniform_int_distribution<int> nudge(-3, 3);
   int n = 0;
-  for (int bits : {1, 2, 4}) {
+  for (int bits : {1, 2, 4, 8}) {
     for (int group : {16, 32, 128}) {
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         const bool search = (n++ % 3) == 0;

@@ -66,3 +66,26 @@ TEST(ThreadPool, NestedCallRunsInline) {
   for (std::size_t k = 0; k < hits.size(); ++k) ASSERT_EQ(hits[k].load(), 1) << k;
   expect_each_once(pool, 100, 4);
 }
+
+#if defined(__linux__)
+#include <sched.h>
+
+// The global pool's size follows the process's CPU affinity (taskset, cpusets),
+// not the machine's hardware threads: one allowed CPU gives 1, and the full
+// mask gives its count.
+TEST(ThreadPool, UsableCpusFollowsTheAffinityMask) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(skvq::detail::usable_cpus(), CPU_COUNT(&all));
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int n = skvq::detail::usable_cpus();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(n, 1);
+}
+#endif

@@ -9,7 +9,7 @@ namespace skvq {
 
 struct AttendOptions {
   Kernel kernel = Kernel::simd;  // Kernel::reference: the scalar reference (src/ref)
-  int num_threads = 0;           // 0: every hardware thread
+  int num_threads = 0;           // 0: every CPU the process may run on (its affinity mask)
 };
 
 // out[b, hq, i, :] = sum_j softmax_j(scale * q[b, hq, i, :] . k[b, h, j, :]) v[b, h, j, :]

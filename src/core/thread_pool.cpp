@@ -3,6 +3,10 @@
 
 #include <algorithm>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define SKVQ_SPIN_PAUSE() _mm_pause()
@@ -40,8 +44,17 @@ struct InTask {
 
 }  // namespace
 
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
 ThreadPool& ThreadPool::global() {
-  static ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency())) - 1);
+  static ThreadPool pool(usable_cpus() - 1);
   return pool;
 }
 

@@ -20,6 +20,11 @@
 
 namespace skvq::detail {
 
+// The CPUs this process may run on: its affinity mask (taskset, cgroup
+// cpusets, a container's CPU list) where the system gives one, else every
+// hardware thread. The global pool has this many threads (the caller included).
+int usable_cpus();
+
 class ThreadPool {
  public:
   static ThreadPool& global();

@@ -17,6 +17,7 @@
 // inverse-permuted once at the end. Partial (max, sum, acc) of the splits are
 // combined in float32.
 #include "cpu/attend_simd.hpp"
+#include "cpu/byte_codes.hpp"
 
 
 
@@ -54,26 +55,9 @@ constexpr std::int64_t kBlock = 16;
 
 std::int64_t RoundUp(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-// byte -> its 8/bits codes as floats, lowest code first
-struct CodeLut {
-  float t1[256 * 8], t2[256 * 4], t4[256 * 2];
-  CodeLut() {
-    for (int b = 0; b < 256; ++b) {
-      for (int k = 0; k < 8; ++k) t1[b * 8 + k] = static_cast<float>((b >> k) & 1);
-      for (int k = 0; k < 4; ++k) t2[b * 4 + k] = static_cast<float>((b >> (2 * k)) & 3);
-      for (int k = 0; k < 2; ++k) t4[b * 2 + k] = static_cast<float>((b >> (4 * k)) & 15);
-    }
-  }
-};
-
-const CodeLut& Lut() {
-  static const CodeLut lut;
-  return lut;
-}
-
 // D codes of `bits` (1, 2, 4 or 8) starting at byte `src` -> out[0..D) as float.
 void DecodeCodes(const std::uint8_t* src, int bits, std::int64_t D, float* out) {
-  const CodeLut& lut = Lut();
+  const float* table = byte_codes(bits);  // 1, 2 and 4 bits
   const std::int64_t per = 8 / bits, whole = D / per;
   switch (bits) {
     case 8: {
@@ -87,13 +71,13 @@ void DecodeCodes(const std::uint8_t* src, int bits, std::int64_t D, float* out) 
       return;
     }
     case 4:
-      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 2 * i, lut.t4 + src[i] * 2, 8);
+      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 2 * i, table + src[i] * 2, 8);
       break;
     case 2:
-      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 4 * i, lut.t2 + src[i] * 4, 16);
+      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 4 * i, table + src[i] * 4, 16);
       break;
     case 1:
-      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 8 * i, lut.t1 + src[i] * 8, 32);
+      for (std::int64_t i = 0; i < whole; ++i) std::memcpy(out + 8 * i, table + src[i] * 8, 32);
       break;
   }
   for (std::int64_t j = whole * per; j < D; ++j) {
@@ -800,42 +784,12 @@ bool VnniKeysOk(const FusedPlan& fk) {
   return kAvx2Int && rows && fk.bits <= 4 && fk.R / fk.lpg <= 8;
 }
 
-void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
-                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq) {
-#if HWY_TARGET == HWY_AVX3_DL
-  // (bits, R, lpg, half) -> instantiation; lpg <= R, all powers of two
-  auto go = [&]<int BITS, int R, int LPG>() {
-    if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
-    return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
-  };
-  auto by_lpg = [&]<int BITS, int R>() {
-    switch (fk.lpg) {
-      case 1: return go.template operator()<BITS, R, 1>();
-      case 2: if constexpr (R >= 2) return go.template operator()<BITS, R, 2>(); break;
-      case 4: if constexpr (R >= 4) return go.template operator()<BITS, R, 4>(); break;
-      case 8: if constexpr (R >= 8) return go.template operator()<BITS, R, 8>(); break;
-      default: if constexpr (R >= 16) return go.template operator()<BITS, R, 16>(); break;
-    }
-  };
-  auto by_r = [&]<int BITS>() HWY_ATTR {
-    switch (fk.R) {
-      case 1: return by_lpg.template operator()<BITS, 1>();
-      case 2: return by_lpg.template operator()<BITS, 2>();
-      case 4: return by_lpg.template operator()<BITS, 4>();
-      case 8: return by_lpg.template operator()<BITS, 8>();
-      default: return by_lpg.template operator()<BITS, 16>();
-    }
-  };
-  ByBits(fk.bits, by_r);
-#elif HWY_TARGET == HWY_AVX2
-  // (bits, R, lpg, half) -> instantiation: bits <= 4, lpg <= R, R / lpg <= 8
-  auto go = [&]<int BITS, int R, int LPG>() {
-    if constexpr (BITS <= 4 && LPG <= R && R / LPG <= 8) {
-      if (half) return Avx2KeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
-      return Avx2KeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
-    }
-  };
-  auto by_lpg = [&]<int BITS, int R>() {
+// go.template operator()<BITS, R, LPG>() for the key plan's code width, words a
+// row (R) and words a metadata group (lpg), each a power of two up to 16; go
+// leaves out the combinations its kernel does not take.
+template <typename Go>
+void ByKeyShape(const FusedPlan& fk, Go&& go) {
+  auto by_lpg = [&]<int BITS, int R>() HWY_ATTR {
     switch (fk.lpg) {
       case 1: return go.template operator()<BITS, R, 1>();
       case 2: return go.template operator()<BITS, R, 2>();
@@ -854,6 +808,24 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
     }
   };
   ByBits(fk.bits, by_r);
+}
+
+void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
+                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq) {
+#if HWY_TARGET == HWY_AVX3_DL
+  ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // lpg <= R
+    if constexpr (LPG <= R) {
+      if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+      return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    }
+  });
+#elif HWY_TARGET == HWY_AVX2
+  ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // bits <= 4, lpg <= R, R / lpg <= 8
+    if constexpr (BITS <= 4 && LPG <= R && R / LPG <= 8) {
+      if (half) return Avx2KeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+      return Avx2KeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    }
+  });
 #else
   (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores, (void)lq;
 #endif

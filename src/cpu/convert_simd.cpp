@@ -1,5 +1,6 @@
 // Highway SIMD conversions (see convert_simd.hpp).
 #include "cpu/convert_simd.hpp"
+#include "cpu/byte_codes.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -80,18 +81,6 @@ std::uint16_t MaxAbsBits16(const std::uint16_t* h, std::int64_t n) {
   return r;
 }
 
-// byte -> its 8 / bits codes as floats, lowest code first (1, 2, 4 bits)
-struct ByteCodes {
-  float t1[256 * 8], t2[256 * 4], t4[256 * 2];
-  ByteCodes() {
-    for (int b = 0; b < 256; ++b) {
-      for (int k = 0; k < 8; ++k) t1[b * 8 + k] = static_cast<float>((b >> k) & 1);
-      for (int k = 0; k < 4; ++k) t2[b * 4 + k] = static_cast<float>((b >> (2 * k)) & 3);
-      for (int k = 0; k < 2; ++k) t4[b * 2 + k] = static_cast<float>((b >> (4 * k)) & 15);
-    }
-  }
-};
-
 void DequantizeRows(const std::uint8_t* stream, std::int64_t stream_bytes, std::int64_t row0, std::int64_t n, int D,
                     int bits, int g, MetaType meta, const std::uint8_t* lo, const std::uint8_t* scale, std::int64_t mrow,
                     const std::int32_t* perm, float* out) {
@@ -102,8 +91,7 @@ void DequantizeRows(const std::uint8_t* stream, std::int64_t stream_bytes, std::
     }
     return;
   }
-  static const ByteCodes tables;
-  const float* table = bits == 1 ? tables.t1 : bits == 2 ? tables.t2 : tables.t4;
+  const float* table = bits == 8 ? nullptr : byte_codes(bits);
   const hn::ScalableTag<float> d;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d)), per = 8 / bits, rb = D * bits / 8;
   const int mb = meta_bytes(meta);

@@ -5,6 +5,7 @@
 // quotient (x - lo) / scale is formed without a division (quotient_rn,
 // checked against the host's division in tests/test_cuda.cpp).
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -127,9 +128,17 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
 }
 
 // A group's slots as stored in shared memory (fp16, exact), read two at a time.
+__device__ __forceinline__ __half2 u32_as_half2(unsigned u) {
+  __half2 h;
+  memcpy(&h, &u, sizeof(h));
+  return h;
+}
+
 struct GroupSlots {
   const __half* xs;
   int g;
+  bool units8 = false;  // rows in 8-byte units (FlushLayout::units): groups of whole units read 4 slots a load
+  __device__ __forceinline__ bool units() const { return units8 && g % 4 == 0; }
   template <typename F>
   __device__ __forceinline__ void each(F&& f) const {
     const __half2* x2 = reinterpret_cast<const __half2*>(xs);
@@ -147,10 +156,21 @@ struct GroupSlots {
   __device__ __forceinline__ void min_max(float& mn, float& mx) const {
     const __half2* x2 = reinterpret_cast<const __half2*>(xs);
     __half2 lo2 = __halves2half2(xs[0], xs[0]), hi2 = lo2;
+    if (units()) {
+      const uint2* x4 = reinterpret_cast<const uint2*>(xs);
 #pragma unroll 8
-    for (int i = 0; i < g / 2; ++i) {
-      lo2 = __hmin2(lo2, x2[i]);
-      hi2 = __hmax2_nan(hi2, x2[i]);
+      for (int i = 0; i < g / 4; ++i) {
+        const uint2 w = x4[i];
+        const __half2 a = u32_as_half2(w.x), b = u32_as_half2(w.y);
+        lo2 = __hmin2(lo2, __hmin2(a, b));
+        hi2 = __hmax2_nan(hi2, __hmax2_nan(a, b));
+      }
+    } else {
+#pragma unroll 8
+      for (int i = 0; i < g / 2; ++i) {
+        lo2 = __hmin2(lo2, x2[i]);
+        hi2 = __hmax2_nan(hi2, x2[i]);
+      }
     }
     mn = fminf(__low2float(lo2), __high2float(lo2));
     const float h0 = __low2float(hi2), h1 = __high2float(hi2);
@@ -255,6 +275,78 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
   }
 }
 
+// At 4 and 8 bits, codes of finite groups whose quotients all lie in
+// [-0.5, levels + 0.5) (quant_kernel's in_range): a = RN(x * inv - c), with
+// c = RN(lo * inv) once a group, is within e = 2^-24 (4.02 (levels + 0.5) +
+// 1.02 |c|) of the spec's quotient q = RN(RN(x - lo) / scale) (inv, c, the
+// FMA, RN(x - lo) and q each rounded once: relative errors of at most 2^-24
+// on terms of size |q| and |c|). Where a is further than 2^-21 (levels + 1 +
+// |c|) > e from every half-integer, q lies strictly between the same two
+// half-integers and rint(q) = rint(a) (a - rint(a) is exact: Sterbenz). A
+// value then costs an FMA, the rounding add, two subtractions and a
+// comparison instead of the subtraction and the 5-operation correctly
+// rounded quotient. A word with a value too close to a half-integer (ties
+// on coarse data) is coded again by the quotients before it is stored (its
+// slots are still there).
+template <int BITS>
+__device__ __forceinline__ void pack_codes_certified(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16,
+                                                     bool units) {
+  static_assert(BITS == 4 || BITS == 8);
+  constexpr int kPer = 16 / BITS;    // codes per 16-bit word
+  constexpr int kSlots = 64 / BITS;  // slots of 8 bytes of codes
+  constexpr float levels = static_cast<float>((1 << BITS) - 1);
+  const float c = __fmul_rn(lo, inv);
+  const float thr = __fsub_rd(0.5f, __fmul_ru(__fadd_ru(levels + 1.0f, fabsf(c)), 0x1p-21f));
+  // the codes of kSlots slots (pairs p[0..kSlots / 2)) into four 16-bit words: as in pack_codes, code +
+  // 1.5 * 2^23 shifted into its word (the constant's bits stay above the word's 16)
+  const auto pack = [&](const unsigned (&p)[kSlots / 2], unsigned (&word)[4]) {
+    bool ok = true;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) word[i] = 0;
+#pragma unroll
+    for (int e = 0; e < kSlots; ++e) {
+      const __half2 h = u32_as_half2(p[e / 2]);
+      const float x = e % 2 ? __high2float(h) : __low2float(h);
+      const float a = __fmaf_rn(x, inv, -c);
+      const float t = __fadd_rn(a, kRound);
+      ok &= fabsf(__fsub_rn(a, __fsub_rn(t, kRound))) < thr;
+      word[e / kPer] += __float_as_uint(t) << (e % kPer * BITS);
+    }
+    if (!ok) {  // a value too close to a half-integer: these slots again by the quotients
+#pragma unroll
+      for (int i = 0; i < 4; ++i) word[i] = 0;
+#pragma unroll
+      for (int e = 0; e < kSlots; ++e) {
+        const __half2 h = u32_as_half2(p[e / 2]);
+        const float x = e % 2 ? __high2float(h) : __low2float(h);
+        word[e / kPer] += __float_as_uint(code_plus_round<false>(x, lo, scale, inv, levels)) << (e % kPer * BITS);
+      }
+    }
+  };
+  // units: xs and out16 8-byte aligned (FlushLayout::units; the group's first slot a multiple of 16)
+  for (int v = 0; v < n / kSlots; ++v) {
+    unsigned p[kSlots / 2], word[4];
+    if (units) {
+#pragma unroll
+      for (int j = 0; j < kSlots / 4; ++j) {
+        const uint2 q = reinterpret_cast<const uint2*>(xs)[v * (kSlots / 4) + j];
+        p[2 * j] = q.x, p[2 * j + 1] = q.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kSlots / 2; ++j) p[j] = reinterpret_cast<const unsigned*>(xs)[v * (kSlots / 2) + j];
+    }
+    pack(p, word);
+    if (units) {
+      reinterpret_cast<uint2*>(out16)[v] = make_uint2(__byte_perm(word[0], word[1], 0x5410), __byte_perm(word[2], word[3], 0x5410));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out16[4 * v + i] = static_cast<unsigned short>(word[i]);
+    }
+    code_barrier();
+  }
+}
+
 // At 1 and 2 bits a code is a count of thresholds: the code of x,
 // clamp(rint(RN((x - lo) / scale)), 0, levels), is monotonic in x (a rounded
 // subtraction, a correctly rounded division by a positive scale, rint and a
@@ -310,15 +402,26 @@ struct CodeThresholds {
 // half, its high slot to the same word position + BITS of the high half; one
 // fold per word joins the halves.
 template <int BITS>
-__device__ __forceinline__ void pack_codes_by_thresholds(const __half* xs, int n, const CodeThresholds<BITS>& T, unsigned short* out16) {
+__device__ __forceinline__ void pack_codes_by_thresholds(const __half* xs, int n, const CodeThresholds<BITS>& T, unsigned short* out16,
+                                                         bool units) {  // units: xs 8-byte aligned
   static_assert(BITS == 1 || BITS == 2);
   constexpr int kPairs = 8 / BITS;  // fp16 pairs a 16-bit word
-  const __half2* x2 = reinterpret_cast<const __half2*>(xs);
   for (int w = 0; w < n * BITS / 16; ++w) {
     unsigned acc = 0;
+    unsigned pair[kPairs];
+    if (units) {
+#pragma unroll
+      for (int j = 0; j < kPairs; j += 2) {
+        const uint2 q = reinterpret_cast<const uint2*>(xs)[(w * kPairs + j) / 2];
+        pair[j] = q.x, pair[j + 1] = q.y;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPairs; ++j) pair[j] = reinterpret_cast<const unsigned*>(xs)[w * kPairs + j];
+    }
 #pragma unroll
     for (int j = 0; j < kPairs; ++j) {
-      const __half2 h = x2[w * kPairs + j];
+      const __half2 h = u32_as_half2(pair[j]);
       const unsigned k0 = (1u << (2 * BITS * j)) | (1u << (16 + 2 * BITS * j + BITS));  // bit 0 of both slots' codes
       if constexpr (BITS == 1) {
         acc |= __hge2_mask(h, T.X[0]) & k0;
@@ -374,9 +477,16 @@ struct FlushLayout {
   int R = 0, stride = 0;  // rows per block, row stride in halves
   int out_stride = 0;     // bytes from a row's codes to the next row's (the row stride)
   std::size_t inv_at = 0, out_at = 0, bytes = 0;
-  __host__ __device__ FlushLayout(int rows, int P, int D) : R(rows) {
-    stride = (P + 1) / 2 * 2;
-    if ((stride / 2) % 2 == 0) stride += 2;
+  bool units = false;     // rows of an odd number of 8-byte units (else of words)
+  __host__ __device__ FlushLayout(int rows, int P, int D, bool want_units) : R(rows) {
+    units = want_units && P % 4 == 0;
+    if (units) {  // an odd number of 8-byte units: a warp's 8-byte reads (a row each) meet no bank twice
+      stride = P;
+      if ((stride / 4) % 2 == 0) stride += 4;
+    } else {
+      stride = (P + 1) / 2 * 2;
+      if ((stride / 2) % 2 == 0) stride += 2;
+    }
     out_at = 0;
     out_stride = stride * 2;  // a code row takes at most P bytes (8 bits a slot) of the row's 2 P
     inv_at = (static_cast<std::size_t>(R) * stride * 2 + 15) / 16 * 16;
@@ -392,12 +502,14 @@ struct FlushLayout {
 // The first batch is loaded before the slot map is built (its global reads
 // and barrier overlap the loads), the rest after.
 constexpr int kThreadsTarget = 128;  // threads (rows) a flush block at most
-constexpr int kStride128 = 130;  // FlushLayout's row stride (halves) for P = 128
+constexpr int kStride128Words = 130;  // FlushLayout's row stride (halves) for P = 128, in words
+constexpr int kStride128Units = 132;  // and in 8-byte units
 template <typename F, int... I>
 __device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&& f) {
   (f(std::integral_constant<int, I>{}), ...);
 }
 
+template <int kStride128>
 struct StageD128 {
   static constexpr int kBatch = 8;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
   static constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most kThreadsTarget rows
@@ -468,7 +580,10 @@ template <int NA, int BITS, bool kChoose = false>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
-  const FlushLayout L(R, P, D);
+  // 8-byte units at 4 and 8 bits without the search (measured: 4.5% faster there, 5% slower at 2 bits)
+  constexpr bool kUnits = BITS >= 4 && NA == 1;
+  constexpr int kStride128 = kUnits ? kStride128Units : kStride128Words;
+  const FlushLayout L(R, P, D, kUnits);
   __half* rows = reinterpret_cast<__half*>(smem);
   short* inv = reinterpret_cast<short*>(smem + L.inv_at);
   unsigned char* out = smem + L.out_at;
@@ -484,8 +599,8 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
   const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
   const bool d128 = aligned && D == 128 && L.stride == kStride128 && nt == 128;
-  StageD128 stage(src, nr);
-  if (d128) stage.load<0>();
+  StageD128<kStride128> stage(src, nr);
+  if (d128) stage.template load<0>();
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
   const int vpr = max(1, D / 8);  // 16-byte vectors per row
@@ -541,7 +656,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
     if (slot == 0 && t < f.n_sink) {  // sinks stay exact: their code bytes are left zero
       for (int i = 0; i < (j1 - j0) * bits / 16; ++i) out16[i] = 0;
     } else {
-      const GroupSlots xs{rows + rl * L.stride + j0, g};
+      const GroupSlots xs{rows + rl * L.stride + j0, g, L.units};
       constexpr float levels = static_cast<float>((1 << BITS) - 1);
       float gmin, gmax;
       xs.min_max(gmin, gmax);
@@ -582,7 +697,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       if constexpr (kThresholds && (NA == 1 || kChoose)) {
         CodeThresholds<kThresholds ? BITS : 1> T;
         packed = finite && T.find(gmin, gmax, best_lo, best_scale, best_inv);
-        if (packed) pack_codes_by_thresholds<kThresholds ? BITS : 1>(xs.xs, j1 - j0, T, out16);
+        if (packed) pack_codes_by_thresholds<kThresholds ? BITS : 1>(xs.xs, j1 - j0, T, out16, L.units);
       }
       if (!packed) {
         // The quotient is monotonic in x, so when the group's extremes give
@@ -593,7 +708,11 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
         const bool in_range = finite &&
                               code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
                               code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
-        if (__all_sync(__activemask(), in_range)) pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+        if (__all_sync(__activemask(), in_range)) {
+          if (BITS >= 4 && !f.quotients_only) pack_codes_certified<BITS >= 4 ? BITS : 4>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16,
+                                                                                         L.units);
+          else pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
+        }
         else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
         else pack_codes<BITS, true>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
       }
@@ -609,9 +728,18 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   unsigned char* dst = s.codes + slot * s.slot_codes + (bh * f.window + t0) * s.row_bytes;
   if (((reinterpret_cast<std::uintptr_t>(dst) | s.row_bytes) & 15) == 0) {
     if (rl < nr) {
-      const unsigned* row = reinterpret_cast<const unsigned*>(out + rl * L.out_stride);  // 4-byte aligned
+      const unsigned char* row = out + rl * L.out_stride;
       uint4* to = reinterpret_cast<uint4*>(dst + rl * s.row_bytes);
-      for (int i = 0; i < static_cast<int>(s.row_bytes) / 16; ++i) to[i] = make_uint4(row[4 * i], row[4 * i + 1], row[4 * i + 2], row[4 * i + 3]);
+      if ((L.out_stride & 7) == 0) {  // 8-byte loads (FlushLayout: an odd number of 8-byte units a row)
+        const uint2* r8 = reinterpret_cast<const uint2*>(row);
+        for (int i = 0; i < static_cast<int>(s.row_bytes) / 16; ++i) {
+          const uint2 a = r8[2 * i], b = r8[2 * i + 1];
+          to[i] = make_uint4(a.x, a.y, b.x, b.y);
+        }
+      } else {
+        const unsigned* r4 = reinterpret_cast<const unsigned*>(row);  // 4-byte aligned
+        for (int i = 0; i < static_cast<int>(s.row_bytes) / 16; ++i) to[i] = make_uint4(r4[4 * i], r4[4 * i + 1], r4[4 * i + 2], r4[4 * i + 3]);
+      }
     }
     return;
   }
@@ -661,12 +789,23 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
 // (kThreadsTarget: 32 to 256 threads a block measured the same in session 10,
 // K2V2 g128 without the search: 1.21-1.22 ms for 2 x 131072 x 32 rows.)
 
-void run_flush(const FlushParams& f, DevSide& side, cudaStream_t stream) {
+bool flush_quotients_only() {
+  static const bool v = [] {
+    const char* e = std::getenv("SKVQ_CUDA_FLUSH");
+    return e != nullptr && std::string(e) == "quotients";
+  }();
+  return v;
+}
+
+void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
+  FlushParams f = flush;
+  f.quotients_only = flush_quotients_only();
   const int P = side.G * f.group;
   // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
   int R = std::max(1, std::min(f.window, kThreadsTarget));
-  while (R > 1 && FlushLayout(R, P, side.D).bytes > 64 * 1024) --R;
-  const FlushLayout L(R, P, side.D);
+  const bool units = side.bits >= 4 && f.n_grid == 1;  // quant_kernel's kUnits
+  while (R > 1 && FlushLayout(R, P, side.D, units).bytes > 64 * 1024) --R;
+  const FlushLayout L(R, P, side.D, units);
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
   if (blocks >= (std::int64_t{1} << 31)) {
     throw Error("skvq: the GPU flush of " + std::to_string(f.n_chunks) + " windows at B*H=" + std::to_string(f.B * f.H) +

@@ -24,6 +24,9 @@ struct FlushParams {
   static constexpr int kMaxGrid = 8;
   float grid[kMaxGrid] = {};  // the clip factors (the first n_grid), passed by value with the launch
   int n_grid = 0;
+  // 4- and 8-bit codes by the exact quotient only (no certified shortcut):
+  // SKVQ_CUDA_FLUSH=quotients, for tests and side-by-side benchmarks
+  bool quotients_only = false;
 };
 
 // Permutations from chunk 0's rows (all `window` rows, sinks included).
