@@ -285,9 +285,10 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
 // half-integers and rint(q) = rint(a) (a - rint(a) is exact: Sterbenz). A
 // value then costs an FMA, the rounding add, two subtractions and a
 // comparison instead of the subtraction and the 5-operation correctly
-// rounded quotient. A word with a value too close to a half-integer (ties
-// on coarse data) is coded again by the quotients before it is stored (its
-// slots are still there).
+// rounded quotient. A batch of 64 / BITS slots (8 bytes of codes) with a
+// value too close to a half-integer (ties on coarse data) is coded again by
+// the quotients before it is stored (its slots are still there).
+// docs/numerics.md gives the bound's derivation.
 template <int BITS>
 __device__ __forceinline__ void pack_codes_certified(const __half* xs, int n, float lo, float scale, float inv, unsigned short* out16,
                                                      bool units) {
@@ -467,12 +468,14 @@ __device__ __forceinline__ int choose_factor_by_thresholds(const Factors<NA>& F,
 
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
 // permuted, padded) with a row stride of an odd number of words, so that the
-// threads of a warp (one row each) read distinct banks, then the channel ->
-// slot map. A row's packed codes are written over its own slots: a code
+// threads of a warp (one row each) read distinct banks, or (units: 4- and
+// 8-bit codes without the search) of an odd number of 8-byte units, read 4
+// slots a load (a warp's 8-byte loads are served a half warp at a time, so
+// again no bank twice), then the channel -> slot map. A row's packed codes are written over its own slots: a code
 // takes at most a byte where its slot took two, so the codes of slots
 // [0, s) end before slot s / 2 and never reach a slot not yet read (the pack
 // loops keep the compiler from moving a store above a load: code_barrier).
-// At group 128: 33536 bytes, six blocks an SM at every code width.
+// At P = 128: 33536 bytes (34048 in units), six blocks an SM at every code width.
 struct FlushLayout {
   int R = 0, stride = 0;  // rows per block, row stride in halves
   int out_stride = 0;     // bytes from a row's codes to the next row's (the row stride)
@@ -580,7 +583,8 @@ template <int NA, int BITS, bool kChoose = false>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
-  // 8-byte units at 4 and 8 bits without the search (measured: 4.5% faster there, 5% slower at 2 bits)
+  // rows in 8-byte units at 4 and 8 bits without the search (K4V4 g128: 6% faster); at 2 bits, and with
+  // the search, they measured 1-5% slower (probably their 2- and 4-byte accesses: two threads a bank)
   constexpr bool kUnits = BITS >= 4 && NA == 1;
   constexpr int kStride128 = kUnits ? kStride128Units : kStride128Words;
   const FlushLayout L(R, P, D, kUnits);
