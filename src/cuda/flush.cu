@@ -225,6 +225,62 @@ __device__ __forceinline__ int best_factor(const float (&err)[NA], float inv_g) 
   return best;
 }
 
+// rint of the spec's quotient q = RN(RN(x - lo) / scale) from an
+// approximate one, certified (docs/numerics.md): a = RN(x * inv - c) with
+// c = RN(lo * inv) is within 2^-24 (4.02 |q| + 1.02 |c|) of q, so rint(a) =
+// rint(q) wherever a - rint(a) (exact) is below thr = 0.5 - 2^-21 (qmax + 1
+// + |c|) in size, given |q| <= qmax + 0.5 for the group's values (thr <= 0,
+// nothing certified, when qmax or |c| reaches 2^20: also where the rounding
+// by 1.5 * 2^23 would no longer be exact).
+struct CertifiedRint {
+  float c = 0.0f, thr = 0.0f;
+  CertifiedRint() = default;
+  __device__ __forceinline__ CertifiedRint(float lo, float inv, float qmax) {
+    c = __fmul_rn(lo, inv);
+    thr = __fsub_rd(0.5f, __fmul_ru(__fadd_ru(__fadd_ru(qmax, 1.0f), fabsf(c)), 0x1p-21f));
+  }
+  __device__ __forceinline__ float approx(float x, float inv) const { return __fmaf_rn(x, inv, -c); }
+  // rint(a) + 1.5 * 2^23; ok becomes false unless certified
+  __device__ __forceinline__ float round_plus(float x, float inv, bool& ok) const {
+    const float a = approx(x, inv);
+    const float t = __fadd_rn(a, kRound);
+    ok &= fabsf(__fsub_rn(a, __fsub_rn(t, kRound))) < thr;
+    return t;
+  }
+};
+
+// The spec's choice with finite values and no division: each factor's codes
+// by CertifiedRint (the quotient's rint, then the clamp: they commute, the
+// bounds being integers), a slot whose code any factor cannot certify coded
+// again by the quotients; the errors as in choose_factor. ~12 operations a
+// slot and factor instead of ~15.
+template <int NA>
+__device__ __forceinline__ int choose_factor_certified(const Factors<NA>& F, const GroupSlots& xs, float gmin, float gmax,
+                                                       float levels, float inv_g) {
+  float err[NA];
+  CertifiedRint cr[NA];
+#pragma unroll
+  for (int a = 0; a < NA; ++a) {
+    err[a] = 0.0f;
+    const CertifiedRint c0(F.lo[a], F.inv[a], 0.0f);  // |q| is monotonic in x between its ends' bounds
+    const float qmax = fmaxf(fabsf(c0.approx(gmin, F.inv[a])), fabsf(c0.approx(gmax, F.inv[a])));
+    cr[a] = CertifiedRint(F.lo[a], F.inv[a], qmax);
+  }
+  xs.each([&](float x) {
+    float code[NA];
+    bool ok = true;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) code[a] = fminf(fmaxf(__fsub_rn(cr[a].round_plus(x, F.inv[a], ok), kRound), 0.0f), levels);
+    if (!ok) {
+#pragma unroll
+      for (int a = 0; a < NA; ++a) code[a] = code_of<false>(x, F.lo[a], F.scale[a], F.inv[a], levels);
+    }
+#pragma unroll
+    for (int a = 0; a < NA; ++a) err[a] = __fadd_rn(err[a], sq_error(code[a], x, F.lo[a], F.scale[a]));
+  });
+  return best_factor(err, inv_g);
+}
+
 // The spec's choice: every factor's error summed in slot order with each
 // operation rounded (the factors' chains side by side, no branch per value),
 // the smallest mean error, ties to the earlier factor.
@@ -296,8 +352,7 @@ __device__ __forceinline__ void pack_codes_certified(const __half* xs, int n, fl
   constexpr int kPer = 16 / BITS;    // codes per 16-bit word
   constexpr int kSlots = 64 / BITS;  // slots of 8 bytes of codes
   constexpr float levels = static_cast<float>((1 << BITS) - 1);
-  const float c = __fmul_rn(lo, inv);
-  const float thr = __fsub_rd(0.5f, __fmul_ru(__fadd_ru(levels + 1.0f, fabsf(c)), 0x1p-21f));
+  const CertifiedRint cr(lo, inv, levels);  // in range: |q| <= levels + 0.5
   // the codes of kSlots slots (pairs p[0..kSlots / 2)) into four 16-bit words: as in pack_codes, code +
   // 1.5 * 2^23 shifted into its word (the constant's bits stay above the word's 16)
   const auto pack = [&](const unsigned (&p)[kSlots / 2], unsigned (&word)[4]) {
@@ -308,10 +363,7 @@ __device__ __forceinline__ void pack_codes_certified(const __half* xs, int n, fl
     for (int e = 0; e < kSlots; ++e) {
       const __half2 h = u32_as_half2(p[e / 2]);
       const float x = e % 2 ? __high2float(h) : __low2float(h);
-      const float a = __fmaf_rn(x, inv, -c);
-      const float t = __fadd_rn(a, kRound);
-      ok &= fabsf(__fsub_rn(a, __fsub_rn(t, kRound))) < thr;
-      word[e / kPer] += __float_as_uint(t) << (e % kPer * BITS);
+      word[e / kPer] += __float_as_uint(cr.round_plus(x, inv, ok)) << (e % kPer * BITS);
     }
     if (!ok) {  // a value too close to a half-integer: these slots again by the quotients
 #pragma unroll
@@ -688,7 +740,13 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
           }
           if (ok) a = choose_factor_by_thresholds<NA, kThresholds ? BITS : 1>(F, X, xs, inv_g), chosen = true;
         }
-        if (!chosen) a = finite ? choose_factor<NA, false>(F, xs, levels, inv_g) : choose_factor<NA, true>(F, xs, levels, inv_g);
+        if (!chosen) {
+          // certified codes at 4 and 8 bits (K4V4 g128: 3.99 -> 3.53 ms); compiled into the 1- and 2-bit
+          // kernels they cost those 3-8% (K2V2 g32 4.24 -> 4.44 ms), though they would save 3% there
+          if (!finite) a = choose_factor<NA, true>(F, xs, levels, inv_g);
+          else if (BITS <= 2 || f.quotients_only) a = choose_factor<NA, false>(F, xs, levels, inv_g);
+          else a = choose_factor_certified<NA>(F, xs, gmin, gmax, levels, inv_g);
+        }
       }
       float best_lo = F.lo[0], best_scale = F.scale[0], best_inv = F.inv[0];
 #pragma unroll
