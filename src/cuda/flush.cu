@@ -356,25 +356,19 @@ __device__ __forceinline__ void pack_codes_certified(const __half* xs, int n, fl
   // the codes of kSlots slots (pairs p[0..kSlots / 2)) into four 16-bit words: as in pack_codes, code +
   // 1.5 * 2^23 shifted into its word (the constant's bits stay above the word's 16)
   const auto pack = [&](const unsigned (&p)[kSlots / 2], unsigned (&word)[4]) {
-    bool ok = true;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) word[i] = 0;
-#pragma unroll
-    for (int e = 0; e < kSlots; ++e) {
-      const __half2 h = u32_as_half2(p[e / 2]);
-      const float x = e % 2 ? __high2float(h) : __low2float(h);
-      word[e / kPer] += __float_as_uint(cr.round_plus(x, inv, ok)) << (e % kPer * BITS);
-    }
-    if (!ok) {  // a value too close to a half-integer: these slots again by the quotients
+    const auto fill = [&](auto&& code_bits) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) word[i] = 0;
 #pragma unroll
       for (int e = 0; e < kSlots; ++e) {
         const __half2 h = u32_as_half2(p[e / 2]);
-        const float x = e % 2 ? __high2float(h) : __low2float(h);
-        word[e / kPer] += __float_as_uint(code_plus_round<false>(x, lo, scale, inv, levels)) << (e % kPer * BITS);
+        word[e / kPer] += code_bits(e % 2 ? __high2float(h) : __low2float(h)) << (e % kPer * BITS);
       }
-    }
+    };
+    bool ok = true;
+    fill([&](float x) { return __float_as_uint(cr.round_plus(x, inv, ok)); });
+    // a value too close to a half-integer: these slots again by the quotients
+    if (!ok) fill([&](float x) { return __float_as_uint(code_plus_round<false>(x, lo, scale, inv, levels)); });
   };
   // units: xs and out16 8-byte aligned (FlushLayout::units; the group's first slot a multiple of 16)
   for (int v = 0; v < n / kSlots; ++v) {
