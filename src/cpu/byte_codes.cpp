@@ -19,7 +19,7 @@ struct ByteCodes {
 
 const float* byte_codes(int bits) {
   static const ByteCodes tables;
-  return bits == 1 ? tables.t1 : bits == 2 ? tables.t2 : tables.t4;
+  return bits == 1 ? tables.t1 : bits == 2 ? tables.t2 : bits == 4 ? tables.t4 : nullptr;
 }
 
 }  // namespace skvq::cpu

@@ -4,7 +4,8 @@
 
 namespace skvq::cpu {
 
-// 256 * (8 / bits) floats for bits 1, 2 or 4 (entry b * (8 / bits) + k: code k of byte b).
+// 256 * (8 / bits) floats for bits 1, 2 or 4 (entry b * (8 / bits) + k: code k of byte b);
+// nullptr for other widths.
 const float* byte_codes(int bits);
 
 }  // namespace skvq::cpu

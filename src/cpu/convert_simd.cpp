@@ -91,7 +91,7 @@ void DequantizeRows(const std::uint8_t* stream, std::int64_t stream_bytes, std::
     }
     return;
   }
-  const float* table = bits == 8 ? nullptr : byte_codes(bits);
+  const float* table = byte_codes(bits);  // nullptr at 8 bits (read directly)
   const hn::ScalableTag<float> d;
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(d)), per = 8 / bits, rb = D * bits / 8;
   const int mb = meta_bytes(meta);

@@ -127,13 +127,19 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
   }
 }
 
-// A group's slots as stored in shared memory (fp16, exact), read two at a time.
 __device__ __forceinline__ __half2 u32_as_half2(unsigned u) {
   __half2 h;
   memcpy(&h, &u, sizeof(h));
   return h;
 }
 
+// Whether the flush stages rows in 8-byte units (FlushLayout): at 4 and 8
+// bits without the search (K4V4 g128: 6% faster); at 2 bits, and with the
+// search, they measured 1-5% slower (probably their 2- and 4-byte accesses:
+// two threads a bank). Decided alike by quant_kernel and its launch.
+__host__ __device__ constexpr bool flush_in_units(int bits, int n_factors) { return bits >= 4 && n_factors == 1; }
+
+// A group's slots as stored in shared memory (fp16, exact), read two at a time.
 struct GroupSlots {
   const __half* xs;
   int g;
@@ -514,13 +520,14 @@ __device__ __forceinline__ int choose_factor_by_thresholds(const Factors<NA>& F,
 
 // Shared-memory layout of one flush block: R rows of P fp16 slots (already
 // permuted, padded) with a row stride of an odd number of words, so that the
-// threads of a warp (one row each) read distinct banks, or (units: 4- and
-// 8-bit codes without the search) of an odd number of 8-byte units, read 4
-// slots a load (a warp's 8-byte loads are served a half warp at a time, so
-// again no bank twice), then the channel -> slot map. A row's packed codes are written over its own slots: a code
-// takes at most a byte where its slot took two, so the codes of slots
-// [0, s) end before slot s / 2 and never reach a slot not yet read (the pack
-// loops keep the compiler from moving a store above a load: code_barrier).
+// threads of a warp (one row each) read distinct banks, or (units:
+// flush_in_units) of an odd number of 8-byte units, read 4 slots a load (a
+// warp's 8-byte loads are served a half warp at a time, so again no bank
+// twice), then the channel -> slot map. A row's packed codes are written over
+// its own slots: a code takes at most a byte where its slot took two, so the
+// codes of slots [0, s) end before slot s / 2 and never reach a slot not yet
+// read (the pack loops keep the compiler from moving a store above a load:
+// code_barrier).
 // At P = 128: 33536 bytes (34048 in units), six blocks an SM at every code width.
 struct FlushLayout {
   int R = 0, stride = 0;  // rows per block, row stride in halves
@@ -629,9 +636,7 @@ template <int NA, int BITS, bool kChoose = false>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
-  // rows in 8-byte units at 4 and 8 bits without the search (K4V4 g128: 6% faster); at 2 bits, and with
-  // the search, they measured 1-5% slower (probably their 2- and 4-byte accesses: two threads a bank)
-  constexpr bool kUnits = BITS >= 4 && NA == 1;
+  constexpr bool kUnits = flush_in_units(BITS, NA);
   constexpr int kStride128 = kUnits ? kStride128Units : kStride128Words;
   const FlushLayout L(R, P, D, kUnits);
   __half* rows = reinterpret_cast<__half*>(smem);
@@ -786,7 +791,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
     if (rl < nr) {
       const unsigned char* row = out + rl * L.out_stride;
       uint4* to = reinterpret_cast<uint4*>(dst + rl * s.row_bytes);
-      if ((L.out_stride & 7) == 0) {  // 8-byte loads (FlushLayout: an odd number of 8-byte units a row)
+      if (L.units) {  // 8-byte loads (an odd number of 8-byte units a row)
         const uint2* r8 = reinterpret_cast<const uint2*>(row);
         for (int i = 0; i < static_cast<int>(s.row_bytes) / 16; ++i) {
           const uint2 a = r8[2 * i], b = r8[2 * i + 1];
@@ -859,7 +864,7 @@ void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
   const int P = side.G * f.group;
   // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
   int R = std::max(1, std::min(f.window, kThreadsTarget));
-  const bool units = side.bits >= 4 && f.n_grid == 1;  // quant_kernel's kUnits
+  const bool units = flush_in_units(side.bits, f.n_grid);
   while (R > 1 && FlushLayout(R, P, side.D, units).bytes > 64 * 1024) --R;
   const FlushLayout L(R, P, side.D, units);
   const std::int64_t blocks = static_cast<std::int64_t>(f.n_chunks) * f.B * f.H * ((f.window + R - 1) / R);
