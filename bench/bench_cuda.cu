@@ -3,7 +3,7 @@
 //   vs the project's fp16 kernel for B x Hkv x kv_len; a Llama-2-7B-shaped
 //   32-layer cache of 1M tokens. Prints tables and "RESULT ..." lines that
 //   scripts/gpu_report.py merges with PyTorch's numbers.
-// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] | --one B Hkv T
+// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] | --one B Hkv T [SETTING]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -250,8 +250,9 @@ void scale_test(std::int64_t tokens) {
 
 }  // namespace
 
-// One packed decode step on one shape (for a profiler): --one B Hkv T
-void one(int B, int Hkv, std::int64_t T) {
+// One packed decode step on one shape (for a profiler): --one B Hkv T [SETTING]
+// (SETTING: one of kSettings' names, K2V2g128 when left out)
+void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
   const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
   __half *k, *v;
   float *q, *out;
@@ -262,7 +263,7 @@ void one(int B, int Hkv, std::int64_t T) {
   random_half(k, n, 1);
   random_half(v, n, 2);
   fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
-  cuda::DeviceCache c(make_config(kSettings[0]), B, Hkv, 128, T);
+  cuda::DeviceCache c(make_config(setting), B, Hkv, 128, T);
   c.append_device(k, v, T);
   for (int i = 0; i < 3; ++i) c.attend_device(q, 32, 1, 0.088f, out);
   cuda::attend_dense_fp16(q, k, v, out, B, 32, Hkv, 1, T, 128, 128, 0.088f);
@@ -273,8 +274,8 @@ void one(int B, int Hkv, std::int64_t T) {
   const double many_ms = time_ms(5, [&] {
                            for (int i = 0; i < 20; ++i) c.attend_device(q, 32, 1, 0.088f, out);
                          }) / 20;
-  std::printf("B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", B, Hkv, static_cast<long long>(T),
-              one_ms, many_ms);
+  std::printf("%s B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", setting.name, B, Hkv,
+              static_cast<long long>(T), one_ms, many_ms);
   // Host time to enqueue a call, and of its parts' kinds, 200 each (the device runs behind).
   const auto host_us = [](const std::function<void()>& fn) {
     CHECK(cudaDeviceSynchronize());
@@ -309,8 +310,18 @@ void one(int B, int Hkv, std::int64_t T) {
 }
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--one") == 0) {
-    one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]));
+  if ((argc == 5 || argc == 6) && std::strcmp(argv[1], "--one") == 0) {
+    const Setting* setting = &kSettings[0];
+    if (argc == 6) {
+      setting = nullptr;
+      for (const Setting& s : kSettings)
+        if (std::strcmp(argv[5], s.name) == 0) setting = &s;
+      if (setting == nullptr) {
+        std::fprintf(stderr, "bench_cuda: unknown SETTING '%s' (K2V2g128, K4V4g128 or K2V2g32)\n", argv[5]);
+        return 2;
+      }
+    }
+    one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
     return 0;
   }
   bool quick = false, scale = true, flush_only = false;
