@@ -564,68 +564,13 @@ constexpr int kMmaTile = 64;    // tokens per tile of the tensor-core kernel (4 
 constexpr int kPiece = 64;      // tiles are copied in pieces of 64 rows: the window is a multiple of it
 constexpr int kStages = 3;
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
-
-// Hopper's bulk copies (the TMA unit's plain form): one instruction moves a
-// whole array of a tile and signals a shared-memory barrier when its bytes
-// have landed, instead of a 16-byte cp.async per lane and piece with its own
-// address arithmetic (ncu, tmma kernel at B=8 Hkv=8: 113 of 613 warp
-// instructions per tile went to the cp.async ring). sm_90 only; the PTX for
-// older GPUs keeps the cp.async ring.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define SKVQ_BULK_COPY 1
-#else
-#define SKVQ_BULK_COPY 0
-#endif
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
-#if SKVQ_BULK_COPY
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-#else
-  (void)bar, (void)count;
-#endif
-}
-// Arrives on `bar`, announcing `bytes` more of bulk copies in its phase.
-__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, unsigned bytes) {
-#if SKVQ_BULK_COPY
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#else
-  (void)bar, (void)bytes;
-#endif
-}
-__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
-#if SKVQ_BULK_COPY
-  unsigned done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-#else
-  (void)bar, (void)parity;
-#endif
-}
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
-// shared memory; completes its bytes on `bar`.
-__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
-#if SKVQ_BULK_COPY
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   smem_addr(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#else
-  (void)smem, (void)gmem, (void)bytes, (void)bar;
-#endif
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
-}
 
 // One warp's share of a copy: 16-byte pieces strided over its 32 lanes.
 __device__ __forceinline__ void copy_range_warp(unsigned char* dst, const unsigned char* src, int bytes) {
@@ -702,10 +647,6 @@ struct WarpCopy {
   const unsigned char* src;
   std::int64_t pair, slot_bytes;
   int row_bytes, dst0, dst1;
-  // bulk copies (lane 0 alone): the next tile's source and first row in its
-  // slot, advanced a tile at a time instead of recomputed from slot and row
-  const unsigned char* next;
-  int next_row;
 };
 
 // The tiles of one block's token range [t_begin, t_end) in the packed body,
@@ -728,16 +669,13 @@ struct TileStream {
   unsigned char* ring;
   std::int64_t bh, t_begin, t_end;
   int n_tiles;
-  bool aligned, bulk;  // bulk: aligned, on sm_90, and not switched off (AttnParams::bulk_copy)
+  bool aligned;
   mutable int slot, row;  // aligned: the next tile's slot and first row in it
-  WarpCopy* mine;
-  std::uint64_t* bars;  // bulk: one barrier a stage (4 arrivals, one a warp, and the stage's bytes)
+  const WarpCopy* mine;
 
   __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
       : p(p_), lay(lay_), ring(ring_), bh(bh_) {
     __shared__ WarpCopy copies[kThreads / 32];
-    __shared__ std::uint64_t stage_bars[kStages];
-    bars = stage_bars;
     t_begin = static_cast<std::int64_t>(split) * p.split_len;
     t_end = min(p.q_end, t_begin + p.split_len);
     n_tiles = static_cast<int>((t_end - t_begin + TILE - 1) / TILE);
@@ -755,36 +693,9 @@ struct TileStream {
       c.pair = warp < 2 ? 0 : static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(side.scale) - reinterpret_cast<std::uintptr_t>(side.lo));
       c.dst0 = warp == 0 ? lay.kc : warp == 1 ? lay.vc : warp == 2 ? lay.klo : lay.vlo;
       c.dst1 = warp == 2 ? lay.ksc : lay.vsc;
-      c.next = c.src + slot * c.slot_bytes + static_cast<std::int64_t>(row) * c.row_bytes;
-      c.next_row = row;
       copies[warp] = c;
     }
-    bulk = SKVQ_BULK_COPY && aligned && p.bulk_copy;
-    if (bulk) {
-      if (threadIdx.x < kStages) mbar_init(&stage_bars[threadIdx.x], kThreads / 32);
-      __syncthreads();
-    }
     __syncwarp();
-  }
-  // Aligned tiles on sm_90: every stage filled by bulk copies, lane 0 of each
-  // warp copying its array(s) and arriving on the stage's barrier.
-  __device__ void issue_bulk(int tile) const {
-    if (threadIdx.x % 32 != 0) return;
-    const int s = tile % kStages;
-    WarpCopy& c = *mine;
-    unsigned char* stage = ring + s * lay.stage;
-    const unsigned char* src = c.next;
-    const unsigned bytes = static_cast<unsigned>(TILE * c.row_bytes);
-    const bool pair = threadIdx.x >= 64;  // warps 2 and 3: metadata minima and scales
-    mbar_arrive_expect(&bars[s], pair ? 2 * bytes : bytes);
-    bulk_copy(stage + c.dst0, src, bytes, &bars[s]);
-    if (pair)
-      bulk_copy(stage + c.dst1, reinterpret_cast<const unsigned char*>(reinterpret_cast<std::uintptr_t>(src) + c.pair), bytes,
-                &bars[s]);
-    int row = c.next_row + TILE;
-    src += bytes;
-    if (row == p.window) row = 0, src += c.slot_bytes - static_cast<std::int64_t>(p.window) * c.row_bytes;
-    c.next = src, c.next_row = row;
   }
   __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * TILE; }
   // rows of the tile that hold tokens of the range
@@ -827,12 +738,6 @@ struct TileStream {
     }
   }
   __device__ void start() const {
-    if (bulk) {
-#pragma unroll
-      for (int s = 0; s < kStages - 1; ++s)
-        if (s < n_tiles) issue_bulk(s);
-      return;
-    }
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < n_tiles) issue(s);
@@ -840,12 +745,6 @@ struct TileStream {
     }
   }
   __device__ const unsigned char* acquire(int tile) const {
-    if (bulk) {
-      mbar_wait(&bars[tile % kStages], static_cast<unsigned>(tile / kStages) & 1u);
-      __syncthreads();  // every warp is done with the stage the next copy refills
-      if (tile + kStages - 1 < n_tiles) issue_bulk(tile + kStages - 1);
-      return ring + (tile % kStages) * lay.stage;
-    }
     cp_async_wait_stages();
     __syncthreads();
     if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
@@ -2285,14 +2184,7 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
 }
 
 template <int KB, int VB>
-void launch_fast_rows(const AttnParams& params, int splits, cudaStream_t stream) {
-  // Bulk copies for the integer tensor-core kernels (grouped-query decode,
-  // prefill): same binary, one against the other, K2V2 g128 at 128k
-  // (docs/performance.md): 1.5-3% faster through attn_tmma_kernel, 0-2%
-  // slower through attn_rs_kernel (B = 8, Hkv = 32), which keeps the ring.
-  AttnParams p = params;
-  const Body body = body_kernel(p);
-  p.bulk_copy = p.bulk_copy && (body == Body::tmma || body == Body::imma);
+void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = kStages * FastLayout<kFastTile>(p).stage;
@@ -2450,16 +2342,6 @@ bool mma_enabled() {
   return on;
 }
 
-// SKVQ_CUDA_COPY=cp.async keeps the pipelined kernels' tiles on the cp.async
-// ring on sm_90 too (tests of that path, side-by-side benchmarks).
-bool bulk_copy_allowed() {
-  static const bool on = [] {
-    const char* e = std::getenv("SKVQ_CUDA_COPY");
-    return e == nullptr || std::string(e) != "cp.async";
-  }();
-  return on;
-}
-
 int choose_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   int sms = 132;
@@ -2475,7 +2357,6 @@ int choose_splits(const AttnParams& p, int requested) {
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out) {
   const cudaStream_t stream = 0;  // the legacy default stream (see workspace())
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
-  p.bulk_copy = bulk_copy_allowed();
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
     int sh = 0;
     while ((1LL << sh) < p.window) ++sh;

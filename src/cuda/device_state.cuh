@@ -37,7 +37,6 @@ struct AttnParams {
   int div_shift = 32;
   int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
-  bool bulk_copy = true;       // sm_90, integer tensor-core kernels: tiles by bulk copies (false: the cp.async ring)
 };
 
 }  // namespace skvq::cuda
