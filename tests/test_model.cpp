@@ -333,6 +333,8 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"eval --model " + model + " --text /nonexistent.txt", "--text"},
       {"eval --model " + model + " --text " + model + " --config :bits_key=2", "NAME"},
       {"eval --model " + model + " --text " + model + " --config a:window=1", "window=1"},
+      {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},
+      {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
   };
   for (const auto& [args, needle] : cases) {

@@ -92,6 +92,9 @@ int run_eval(const EvalArgs& a) {
   for (const auto& s : a.configs) {
     runs.push_back(parse_config(s, mc.head_dim()));
     if (runs.back().name == "fp16") throw UsageError("--config " + s + ": the name fp16 is taken by the baseline");
+    for (std::size_t i = 1; i + 1 < runs.size(); ++i)
+      if (runs[i].name == runs.back().name)
+        throw UsageError("--config " + s + ": the name " + runs.back().name + " is given twice (names key the table and --json)");
   }
   if (a.configs.empty()) runs.push_back(parse_config("skvq-default", mc.head_dim()));
   std::vector<int> toks = lm.tokenizer.encode(read_text(a.text), false);
