@@ -317,7 +317,9 @@ int main(int argc, char** argv) {
       for (const Setting& s : kSettings)
         if (std::strcmp(argv[5], s.name) == 0) setting = &s;
       if (setting == nullptr) {
-        std::fprintf(stderr, "bench_cuda: unknown SETTING '%s' (K2V2g128, K4V4g128 or K2V2g32)\n", argv[5]);
+        std::fprintf(stderr, "bench_cuda: unknown SETTING '%s' (one of:", argv[5]);
+        for (const Setting& s : kSettings) std::fprintf(stderr, " %s", s.name);
+        std::fprintf(stderr, ")\n");
         return 2;
       }
     }
