@@ -15,6 +15,7 @@
 #include "bench_util.hpp"
 #include "core/store_alloc.hpp"
 #include "core/thread_pool.hpp"
+#include "cpu/quantize_simd.hpp"
 #include "skvq/skvq.hpp"
 #include "workload/synthetic.hpp"
 
@@ -40,16 +41,33 @@ struct CopyProbe {
   static double bandwidth(double seconds) { return 2.0 * static_cast<double>(n) / seconds; }
 };
 
+// An fp16 tensor in the packed store's kind of memory (2 MiB-aligned regions
+// advised for transparent huge pages), so that dense attention and the
+// materialized history are read from pages of the same kind as the packed
+// store's: on 4 KiB pages the dense step's time moved by 10-12% with where
+// its buffers happened to land (session 19).
+struct HugeF16 {
+  std::size_t bytes;
+  void* p;
+  TensorView t;
+  explicit HugeF16(Shape4 s)
+      : bytes(static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]) * 2),
+        p(detail::store_allocate(bytes)),
+        t(TensorView::contiguous(p, DType::f16, s)) {}
+  ~HugeF16() { detail::store_deallocate(p, bytes); }
+  HugeF16(const HugeF16&) = delete;
+  HugeF16& operator=(const HugeF16&) = delete;
+  const TensorView& view() const { return t; }
+};
+
 // A long history by tiling a shorter synthetic one (timing does not depend on the values).
-void tiled_kv(std::int64_t len, Tensor* k, Tensor* v) {
+void tiled_kv(std::int64_t len, HugeF16* k, HugeF16* v) {
   workload::SyntheticSpec sp;
   sp.num_kv_heads = kHeads;
   sp.head_dim = kDim;
   sp.kv_len = std::min<std::int64_t>(len, 4096);
   Tensor k0, v0;
   workload::make_kv(sp, DType::f16, &k0, &v0);
-  *k = Tensor(DType::f16, {1, kHeads, len, kDim});
-  *v = Tensor(DType::f16, {1, kHeads, len, kDim});
   for (std::int64_t t = 0; t < len; t += sp.kv_len) {
     const std::int64_t n = std::min(sp.kv_len, len - t);
     copy_into(k0.view().slice_tokens(0, n), k->view().slice_tokens(t, n));
@@ -65,7 +83,7 @@ std::int64_t packed_read_bytes(const SkvqCache& c) {
 
 // What the store's pages and the kernel's walk order bring, side by side.
 int layout_table(std::int64_t len) {
-  Tensor k, v;
+  HugeF16 k({1, kHeads, len, kDim}), v({1, kHeads, len, kDim});
   tiled_kv(len, &k, &v);
   Tensor q = Tensor(DType::f32, {1, kHeads, 1, kDim});
   workload::fill_normal(q.view(), 99, 0.5f);
@@ -109,10 +127,12 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--layout") == 0) return layout_table(std::atoll(argv[2]));
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   const int threads = detail::ThreadPool::global().size();
-  std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads\n\n", threads);
-  std::printf("copy bandwidth (read+write, %d threads) measured with every row: this VM's memory bandwidth drifts\n"
-              "between 40 and 75 GB/s over minutes, so the copy, dense fp16, K2V2 and K4V4 are timed in turns\n"
-              "(medians of the rounds) and each row's shares are of the copy bandwidth measured in the same rounds.\n\n",
+  std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads, SIMD target %s\n\n", threads,
+              cpu::active_target().c_str());
+  std::printf("copy bandwidth (read+write, %d threads) measured with every row: a shared VM's memory bandwidth can\n"
+              "drift over minutes (one dev VM moved between 40 and 75 GB/s), so the copy, dense fp16, K2V2 and K4V4\n"
+              "are timed in turns (medians of the rounds) and each row's shares are of the copy bandwidth measured in\n"
+              "the same rounds.\n\n",
               threads);
   std::printf("| kv_len | fp16 dense ms | K2V2 g32 ms | K4V4 g32 ms | materialize+attend K2V2 ms | fp16 / K2V2 | fp16 / K4V4 | "
               "MB read fp16 | MB read K2V2 | MB read K4V4 | copy GB/s | fp16 %%bw | K2V2 %%bw | K4V4 %%bw |\n");
@@ -121,7 +141,7 @@ int main(int argc, char** argv) {
   if (quick) lens = {1024, 4096};
   if (argc > 2 && std::strcmp(argv[1], "--len") == 0) lens = {std::atoll(argv[2])};  // one row
   const std::int64_t max_len = lens.back();
-  Tensor k, v;
+  HugeF16 k({1, kHeads, max_len, kDim}), v({1, kHeads, max_len, kDim});
   tiled_kv(max_len, &k, &v);
   Tensor q = Tensor(DType::f32, {1, kHeads, 1, kDim});
   workload::fill_normal(q.view(), 99, 0.5f);
@@ -144,7 +164,7 @@ int main(int argc, char** argv) {
         reps, {[&] { copy.run(); }, [&] { attend_dense(q.view(), kd, vd, scale, out.view()); },
                [&] { attend(p2, q.view(), scale, out.view()); }, [&] { attend(p4, q.view(), scale, out.view()); }});
     const double bw = CopyProbe::bandwidth(med[0]), t_dense = med[1], t2 = med[2], t4 = med[3];
-    Tensor km(DType::f16, {1, kHeads, len, kDim}), vm(DType::f16, {1, kHeads, len, kDim});
+    HugeF16 km({1, kHeads, len, kDim}), vm({1, kHeads, len, kDim});
     const double tm = bench::median_seconds(reps, [&] {
       p2.fetch_into(km.view(), vm.view());
       attend_dense(q.view(), km.view(), vm.view(), scale, out.view());
