@@ -534,7 +534,8 @@ HWY_INLINE VF VnniWordDot(VU w, const VnniQuery& vq, std::int64_t ph, std::int64
 // arriving in a burst the core's miss buffers cannot hold. The lines are
 // asked into L2 (`prefetcht1`), not L1: on an Intel Xeon (2 vCPUs) that read
 // 128k-token steps 6-9% faster than `prefetcht0` (docs/performance.md,
-// session 19); AMD's cores treat the two alike.
+// session 19); not measured on AMD's Zen cores since (no such machine in
+// session 19), whose optimization guide treats the T0-T2 hints alike.
 class LineQueue {
  public:
   HWY_INLINE static void ask(const void* p) { __builtin_prefetch(p, 0, 2); }
