@@ -120,10 +120,25 @@ __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo)
 struct W16 {
   float step, inv;  // u ~ r * step, r = rint(u * inv) in [0, 65535]
   __device__ __forceinline__ unsigned round(float u) const { return __float2uint_rn(fminf(u * inv, 65535.0f)); }
+  // r in the low 16 bits (above them the bits of 2^23): u * inv + 2^23 rounded once to float
+  // (whose ulp there is 1) is 2^23 + rint(u * inv), without a conversion instruction
+  __device__ __forceinline__ unsigned round_low16(float u) const {
+    return __float_as_uint(fminf(fmaf(u, inv, 8388608.0f), 8388608.0f + 65535.0f));
+  }
 };
 __device__ __forceinline__ W16 w16_of(float umax) {
   const float step = umax * (1.0f / 65535.0f);
   return W16{step, umax > 0.0f ? __frcp_rn(step) : 0.0f};
+}
+
+// w16_of with the reciprocal by rcp.approx (within 2^-22 relative, docs/numerics.md);
+// a block whose largest weight is below 2^-100 of the softmax's running
+// maximum gets all-zero weights (their share of any output is below 2^-90).
+__device__ __forceinline__ W16 w16_fast(float umax) {
+  const float step = umax * (1.0f / 65535.0f);
+  float inv;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv) : "f"(step));
+  return W16{step, umax >= 0x1p-100f ? inv : 0.0f};
 }
 
 // 16 fp16 channels of an exact row, in `perm` order when given.
@@ -580,16 +595,19 @@ __device__ __forceinline__ void copy_range_warp(unsigned char* dst, const unsign
 template <int TILE>
 struct FastLayout {  // byte offsets inside one stage
   int kc, vc, klo, ksc, vlo, vsc, stage;
-  __host__ __device__ FastLayout(const AttnParams& p) {
-    const auto pad = [](std::int64_t x) { return static_cast<int>((x + 15) & ~15LL); };
-    kc = 0;
-    vc = pad(TILE * p.k.row_bytes);
-    klo = vc + pad(TILE * p.v.row_bytes);
-    ksc = klo + pad(static_cast<std::int64_t>(TILE) * p.k.G * p.meta_bytes);
-    vlo = ksc + pad(static_cast<std::int64_t>(TILE) * p.k.G * p.meta_bytes);
-    vsc = vlo + pad(static_cast<std::int64_t>(TILE) * p.v.G * p.meta_bytes);
-    stage = vsc + pad(static_cast<std::int64_t>(TILE) * p.v.G * p.meta_bytes);
-  }
+  // bytes per token: key and value codes, key and value metadata (one array of minima, one of scales)
+  __host__ __device__ constexpr FastLayout(std::int64_t krow, std::int64_t vrow, std::int64_t kmeta, std::int64_t vmeta)
+      : kc(0),
+        vc(pad(TILE * krow)),
+        klo(vc + pad(TILE * vrow)),
+        ksc(klo + pad(TILE * kmeta)),
+        vlo(ksc + pad(TILE * kmeta)),
+        vsc(vlo + pad(TILE * vmeta)),
+        stage(vsc + pad(TILE * vmeta)) {}
+  __host__ __device__ FastLayout(const AttnParams& p)
+      : FastLayout(p.k.row_bytes, p.v.row_bytes, static_cast<std::int64_t>(p.k.G) * p.meta_bytes,
+                   static_cast<std::int64_t>(p.v.G) * p.meta_bytes) {}
+  static __host__ __device__ constexpr int pad(std::int64_t x) { return static_cast<int>((x + 15) & ~15LL); }
 };
 
 // Starts the 16-byte copies of rows [t0, t0 + n) of one slot (codes and
@@ -662,8 +680,8 @@ struct WarpCopy {
 // compile time (rows of D = 128 codes are 16 KB bytes); otherwise a tile is
 // copied in as few runs of rows as the slots it spans allow, rows past t_end
 // not copied (the last tile may be partial).
-template <int TILE, int KB, int VB>
-struct TileStream {
+template <int TILE, int KB, int VB, int META_ROW = 0>
+struct TileStream {  // META_ROW: metadata bytes a token and side when known at compile time (else 0)
   const AttnParams& p;
   const FastLayout<TILE>& lay;
   unsigned char* ring;
@@ -671,6 +689,7 @@ struct TileStream {
   int n_tiles;
   bool aligned;
   mutable int slot, row;  // aligned: the next tile's slot and first row in it
+  mutable int acq = 0;    // the ring stage of the next tile acquire() returns
   const WarpCopy* mine;
 
   __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
@@ -713,15 +732,21 @@ struct TileStream {
     } else if (warp == 1) {
       copy_fixed_warp<TILE * (kD * VB / 8)>(stage + c.dst0, src);
     } else {
-      copy_range_warp(stage + c.dst0, src, TILE * c.row_bytes);
-      copy_range_warp(stage + c.dst1, reinterpret_cast<const unsigned char*>(reinterpret_cast<std::uintptr_t>(src) + c.pair),
-                      TILE * c.row_bytes);
+      const auto* src1 = reinterpret_cast<const unsigned char*>(reinterpret_cast<std::uintptr_t>(src) + c.pair);
+      if constexpr (META_ROW > 0) {
+        copy_fixed_warp<TILE * META_ROW>(stage + c.dst0, src);
+        copy_fixed_warp<TILE * META_ROW>(stage + c.dst1, src1);
+      } else {
+        copy_range_warp(stage + c.dst0, src, TILE * c.row_bytes);
+        copy_range_warp(stage + c.dst1, src1, TILE * c.row_bytes);
+      }
     }
     row += TILE;
     if (row == p.window) row = 0, ++slot;
   }
-  __device__ void issue(int tile) const {
-    unsigned char* stage = ring + (tile % kStages) * lay.stage;
+  // Starts the copies of `tile` into ring stage `stage_index`.
+  __device__ void issue(int tile, int stage_index) const {
+    unsigned char* stage = ring + stage_index * lay.stage;
     if (aligned) {
       issue_aligned(stage);
       return;
@@ -740,16 +765,19 @@ struct TileStream {
   __device__ void start() const {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-      if (s < n_tiles) issue(s);
+      if (s < n_tiles) issue(s, s);
       cp_async_commit();
     }
   }
+  // Tiles are acquired in order; the stage of tile + kStages - 1 is that of tile - 1.
   __device__ const unsigned char* acquire(int tile) const {
     cp_async_wait_stages();
     __syncthreads();
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1);
+    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1, acq == 0 ? kStages - 1 : acq - 1);
     cp_async_commit();
-    return ring + (tile % kStages) * lay.stage;
+    const unsigned char* stage = ring + acq * lay.stage;
+    acq = acq == kStages - 1 ? 0 : acq + 1;
+    return stage;
   }
 };
 
@@ -1356,6 +1384,55 @@ __device__ __forceinline__ int tmma_vbyte(int set, int g) {
   return GS == 128 ? 4 * (g + 8 * (set / 4)) + set % 4 : 8 * set + g;
 }
 
+// The token-major kernel's key fragments. Lane (g, t) feeds, for k-step ks,
+// slice e (e = 0: k = 4t + j, e = 1: k = 16 + 4t + j) of a key row; which
+// channel that is, is free (q is placed to match) as long as a metadata
+// group's channels are whole k-steps. With 2- or 4-bit codes and groups of
+// 64 or 128 a lane takes whole words of the row for all four k-steps (one or
+// two loads a row) and each slice is a fixed-position shift and mask of them;
+// otherwise (groups of 32, 8-bit codes) the k-steps are those of
+// key_slices. Word `wi` of the row and position `pos` of a code in its byte
+// give channel (4 wi + j) (8 / KB) + pos.
+template <int KB, int GS>
+constexpr bool tmma_wide_keys() {
+  return (KB == 2 || KB == 4) && (GS == 64 || GS == 128);
+}
+template <int KB, int GS>
+__device__ __forceinline__ int tmma_key_channel(int ks, int t, int e, int j) {
+  constexpr int PK = 8 / KB;
+  if constexpr (KB == 2 && GS == 128) {  // words 2t, 2t + 1 (one 8-byte load)
+    return (4 * (2 * t + ks / 2) + j) * PK + 2 * (ks % 2) + e;
+  } else if constexpr (KB == 2 && GS == 64) {  // words t, 4 + t
+    return (4 * (4 * (ks / 2) + t) + j) * PK + 2 * (ks % 2) + e;
+  } else if constexpr (KB == 4 && (GS == 64 || GS == 128)) {  // words 2t, 2t + 1 and 8 + 2t, 9 + 2t
+    return (4 * (8 * (ks / 2) + 2 * t + ks % 2) + j) * PK + e;
+  } else {
+    return 32 * ks + imma_key_channel<KB>(2 * t + e, j);
+  }
+}
+template <int KB, int GS>
+__device__ __forceinline__ void tmma_key_slices(const unsigned char* row, int t, unsigned (&sl)[4][2]) {
+  static_assert(tmma_wide_keys<KB, GS>(), "whole words a lane: key_slices otherwise");
+  constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
+  unsigned w[4];
+  if constexpr (KB == 2 && GS == 128) {
+    const uint2 a = *reinterpret_cast<const uint2*>(row + 8 * t);
+    w[0] = w[1] = a.x, w[2] = w[3] = a.y;
+  } else if constexpr (KB == 2) {
+    w[0] = w[1] = *reinterpret_cast<const unsigned*>(row + 4 * t);
+    w[2] = w[3] = *reinterpret_cast<const unsigned*>(row + 16 + 4 * t);
+  } else {
+    const uint2 a = *reinterpret_cast<const uint2*>(row + 8 * t), b = *reinterpret_cast<const uint2*>(row + 32 + 8 * t);
+    w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+  }
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    constexpr int kPerWord = KB == 2 ? 2 : 1;  // k-steps a word serves
+    const int sh = KB * 2 * (ks % kPerWord);
+    sl[ks][0] = (w[ks] >> sh) & kMask, sl[ks][1] = (w[ks] >> (sh + KB)) & kMask;
+  }
+}
+
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   valid = row < n_rows;
@@ -1376,7 +1453,9 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   constexpr int spg = GS / 32;                          // k-steps (32 channels) a group
   constexpr int kSets = 4 * VB / 8 * 4;                 // byte sets of 8 bytes in a row: 4 VB
   constexpr int kPairs = PV / 2;                        // slice pairs (n-tiles) per byte set
-  const FastLayout<kFastTile> lay(p);
+  // the stage layout from compile-time sizes (D = 128 for keys and values): immediate offsets
+  constexpr int kMetaRow = kD / GS * mb;
+  constexpr FastLayout<kFastTile> lay(16 * KB, 16 * VB, kMetaRow, kMetaRow);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
@@ -1402,7 +1481,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB, kMetaRow> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -1448,14 +1527,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   // and warp.
   __shared__ unsigned qwords[kTmmaRows][2][4][8];
   {
-    constexpr int PK = 8 / KB;
-    const int ch = threadIdx.x, ks = ch / 32, c = ch % 32;
-    const int j = (c / PK) % 4, r = (c / PK / 4) * PK + c % PK;  // imma_key_channel(r, j) == c
+    // thread i fills byte j of slice register r = 2 t + e of k-step ks (tmma_key_channel)
+    const int i = threadIdx.x, ks = i / 32, r = (i / 4) % 8, j = i % 4;
+    const int c = tmma_key_channel<KB, GS>(ks, r / 2, r % 2, j);
     unsigned char* bytes = reinterpret_cast<unsigned char*>(&qwords[0][0][0][0]);
 #pragma unroll
     for (int row = 0; row < kTmmaRows; ++row) {
       int hi, lo;
-      q16_split(qx[row], q16_step(sq_max[row]), hi, lo);
+      q16_split(sq[row][c], q16_step(sq_max[row]), hi, lo);
       bytes[(((row * 2 + 0) * 4 + ks) * 8 + r) * 4 + j] = static_cast<unsigned char>(hi & 0xFF);
       bytes[(((row * 2 + 1) * 4 + ks) * 8 + r) * 4 + j] = static_cast<unsigned char>(lo & 0xFF);
     }
@@ -1478,12 +1557,23 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
-  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
-    const unsigned char* stage = tiles.acquire(tile);
-    const std::int64_t t0 = tiles.first_token(tile);
-    const int live = tiles.live_rows(tile);
-    auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
-    const int lo = rel(p.sinks), hi = min(rel(limit), live - 1);
+  // The sinks and row t's causal limit as offsets from the block's first token,
+  // clamped to int (before the range: -1, past it: 2^30; every tile sees the
+  // same masks as with the exact offsets).
+  const auto offset = [&](std::int64_t x) {
+    const std::int64_t d = x - tiles.t_begin;
+    return static_cast<int>(d < 0 ? -1 : d > (1 << 30) ? (1 << 30) : d);
+  };
+  const int sink_off = offset(p.sinks), limit_off = offset(limit), span = static_cast<int>(tiles.t_end - tiles.t_begin);
+  const int n_tiles = tiles.n_tiles;
+  // q summed over each key metadata group's channels (the lo term of a score), in k-step order
+  float qg[4];
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) qg[ks / spg] = ks % spg == 0 ? qs[ks] : qg[ks / spg] + qs[ks];
+
+  // One warp's 32 tokens of a tile; FULL: every one of them is live and unmasked for every row.
+  auto warp_tile = [&](const unsigned char* stage, int lo, int hi, int live, auto full) {
+    constexpr bool FULL = decltype(full)::value;
     const int base = warp * 32;
 
     // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g
@@ -1491,39 +1581,45 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
-      const unsigned char* k1 = k0 + 8 * krow;
+      unsigned sl0[4][2], sl1[4][2];  // rows g (token k0) and g + 8, each k-step's two slices
+      if constexpr (tmma_wide_keys<KB, GS>()) {
+        tmma_key_slices<KB, GS>(k0, t, sl0);
+        tmma_key_slices<KB, GS>(k0 + 8 * krow, t, sl1);
+      }
       int c[4][4];
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        unsigned a[4];  // rows g (token k0) and g + 8 (token k1), k-halves 0 and 1
-        key_slices<KB>(k0, ks, t, a[0], a[2]);
-        key_slices<KB>(k1, ks, t, a[1], a[3]);
+        if constexpr (!tmma_wide_keys<KB, GS>()) {
+          key_slices<KB>(k0, ks, t, sl0[ks][0], sl0[ks][1]);
+          key_slices<KB>(k0 + 8 * krow, ks, t, sl1[ks][0], sl1[ks][1]);
+        }
+        const unsigned a[4] = {sl0[ks][0], sl1[ks][0], sl0[ks][1], sl1[ks][1]};
         // one metadata group a row: the 4 k-steps accumulate in one chain of MMAs (no integer adds)
         int(&ck)[4] = c[GS == 128 ? 0 : ks];
         if (GS != 128 || ks == 0) ck[0] = ck[1] = ck[2] = ck[3] = 0;
         imma<false, true>(ck, a, qb[ks][0], qb[ks][1]);
       }
-      float sc[2] = {0.0f, 0.0f}, qsum = 0.0f;
+      float sc[2];
       int hs[2] = {0, 0}, ls[2] = {0, 0};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
-        if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0, qsum = 0.0f;
+        if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0;
         if (GS != 128 || ks == 0) hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
-        qsum += qs[ks];
         if ((ks + 1) % spg == 0) {
           const int kg = ks / spg;
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int mo = (((base + 16 * mt + 8 * i + g) << kgs) + kg) * mb;
             const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
-            sc[i] += fmaf(ksc * qstep_t, static_cast<float>(hs[i] * 256 + ls[i]), klo * qsum);
+            const float v = fmaf(ksc * qstep_t, static_cast<float>(hs[i] * 256 + ls[i]), klo * qg[kg]);
+            sc[i] = kg == 0 ? v : sc[i] + v;
           }
         }
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int local = base + 16 * mt + 8 * i + g;
-        s[mt][i] = (local >= lo && local <= hi) ? sc[i] : -INFINITY;
+        s[mt][i] = (FULL || (local >= lo && local <= hi)) ? sc[i] : -INFINITY;
       }
     }
 
@@ -1540,7 +1636,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
-    unsigned wb[2] = {0, 0}, vword[2][4];
+    unsigned wb[2] = {0, 0};
+    [[maybe_unused]] unsigned vword[2][4];  // GS 128: a word of 4 rows, transposed
     float vsw = 0.0f;
 #pragma unroll
     for (int set = 0; set < kSets; ++set) {
@@ -1554,7 +1651,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
           for (int i = 0; i < 2; ++i) {
             const int local = base + 16 * mt + 8 * i + g;
             const int mo = ((local << kgs) + vgrp) * mb;
-            const bool ok = local < live;
+            const bool ok = FULL || local < live;
             const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
             const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
             u[mt][i] = pw[mt][i] * vs;
@@ -1565,12 +1662,12 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 8));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 16));
-        const W16 w16 = w16_of(umax);
+        const W16 w16 = w16_fast(umax);
         unsigned r[2][2];
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) r[mt][i] = w16.round(u[mt][i]);
+          for (int i = 0; i < 2; ++i) r[mt][i] = w16.round_low16(u[mt][i]);  // pick_bytes4 takes bytes 0, 1
         // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
         // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
         const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
@@ -1620,6 +1717,19 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         acc[set][q][0] = fmaf(u0, static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
         acc[set][q][1] = fmaf(u1, static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
       }
+    }
+  };
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const int tb = tile * kFastTile;
+    const int live = min(span - tb, kFastTile);
+    const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
+    const int lo = rel(sink_off), hi = min(rel(limit_off), live - 1);
+    if (__all_sync(0xffffffffu, lo <= warp * 32 && hi >= warp * 32 + 31)) {
+      warp_tile(stage, lo, hi, live, std::true_type{});
+    } else {
+      warp_tile(stage, lo, hi, live, std::false_type{});
     }
   }
 
