@@ -1371,7 +1371,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 // W^T with 8 shuffles per 32 tokens. Same 16-bit q and 16-bit weights (per 32
 // tokens and metadata group) as the other integer paths (docs/numerics.md).
 constexpr int kTmmaRows = 4;
-constexpr int kTmmaMinBlocks = 6;  // blocks per SM the register budget allows (latency hiding at B=1)
+#ifndef SKVQ_TMMA_MIN_BLOCKS  // for experiments: -DSKVQ_TMMA_MIN_BLOCKS=5 (102 registers a thread)
+#define SKVQ_TMMA_MIN_BLOCKS 6
+#endif
+constexpr int kTmmaMinBlocks = SKVQ_TMMA_MIN_BLOCKS;  // blocks per SM the register budget allows (latency hiding at B=1)
 
 // Row `row` of the query block, rounded as in the dp4a path: qstep, and the
 // row's q (log2 units) in the keys' stored channel order.
@@ -1720,16 +1723,25 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
   };
 
+  // The tiles in which this warp's 32 tokens are all past the sinks, before every row's causal
+  // limit and before the range's end: [full_lo, full_hi] (warp-uniform). With tb = 128 tile and
+  // base = 32 warp, a tile's masks (below) keep all 32 when sink_off <= tb + base and
+  // tb + base + 31 <= min(limit_off, span - 1).
+  int full_lo, full_hi;
+  {
+    const int base = warp * 32, x = sink_off - base, y = min(limit_off - 31, span - 32) - base;
+    full_lo = __reduce_max_sync(0xffffffffu, x <= 0 ? 0 : (x + kFastTile - 1) / kFastTile);
+    full_hi = __reduce_min_sync(0xffffffffu, y < 0 ? -1 : y / kFastTile);
+  }
   for (int tile = 0; tile < n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
-    const int tb = tile * kFastTile;
-    const int live = min(span - tb, kFastTile);
-    const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
-    const int lo = rel(sink_off), hi = min(rel(limit_off), live - 1);
-    if (__all_sync(0xffffffffu, lo <= warp * 32 && hi >= warp * 32 + 31)) {
-      warp_tile(stage, lo, hi, live, std::true_type{});
+    if (tile >= full_lo && tile <= full_hi) {
+      warp_tile(stage, 0, kFastTile - 1, kFastTile, std::true_type{});
     } else {
-      warp_tile(stage, lo, hi, live, std::false_type{});
+      const int tb = tile * kFastTile;
+      const int live = min(span - tb, kFastTile);
+      const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
+      warp_tile(stage, rel(sink_off), min(rel(limit_off), live - 1), live, std::false_type{});
     }
   }
 
