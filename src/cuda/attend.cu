@@ -1371,10 +1371,12 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 // W^T with 8 shuffles per 32 tokens. Same 16-bit q and 16-bit weights (per 32
 // tokens and metadata group) as the other integer paths (docs/numerics.md).
 constexpr int kTmmaRows = 4;
-#ifndef SKVQ_TMMA_MIN_BLOCKS  // for experiments: -DSKVQ_TMMA_MIN_BLOCKS=5 (102 registers a thread)
-#define SKVQ_TMMA_MIN_BLOCKS 6
+// Blocks per SM the register budget allows: 5 (up to 102 registers a thread) measured 3-7% faster
+// than 6 (80) at grouped-query shapes in session 20 (docs/performance.md); -D to experiment.
+#ifndef SKVQ_TMMA_MIN_BLOCKS
+#define SKVQ_TMMA_MIN_BLOCKS 5
 #endif
-constexpr int kTmmaMinBlocks = SKVQ_TMMA_MIN_BLOCKS;  // blocks per SM the register budget allows (latency hiding at B=1)
+constexpr int kTmmaMinBlocks = SKVQ_TMMA_MIN_BLOCKS;
 
 // Row `row` of the query block, rounded as in the dp4a path: qstep, and the
 // row's q (log2 units) in the keys' stored channel order.
