@@ -131,7 +131,7 @@ __device__ __forceinline__ W16 w16_of(float umax) {
   return W16{step, umax > 0.0f ? __frcp_rn(step) : 0.0f};
 }
 
-// w16_of with the reciprocal by rcp.approx (within 2^-22 relative, docs/numerics.md);
+// w16_of with the reciprocal by rcp.approx (at most 1 ulp off, docs/numerics.md);
 // a block whose largest weight is below 2^-100 of the softmax's running
 // maximum gets all-zero weights (their share of any output is below 2^-90).
 __device__ __forceinline__ W16 w16_fast(float umax) {
@@ -1458,7 +1458,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   constexpr int spg = GS / 32;                          // k-steps (32 channels) a group
   constexpr int kSets = 4 * VB / 8 * 4;                 // byte sets of 8 bytes in a row: 4 VB
   constexpr int kPairs = PV / 2;                        // slice pairs (n-tiles) per byte set
-  // the stage layout from compile-time sizes (D = 128 for keys and values): immediate offsets
+  // the stage layout from compile-time sizes (D = 128 for keys and values, as run_attention and
+  // DeviceCache require; the launch sizes the ring by FastLayout(p), the same): immediate offsets
   constexpr int kMetaRow = kD / GS * mb;
   constexpr FastLayout<kFastTile> lay(16 * KB, 16 * VB, kMetaRow, kMetaRow);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
