@@ -3,7 +3,8 @@
 //   vs the project's fp16 kernel for B x Hkv x kv_len; a Llama-2-7B-shaped
 //   32-layer cache of 1M tokens. Prints tables and "RESULT ..." lines that
 //   scripts/gpu_report.py merges with PyTorch's numbers.
-// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] | --one B Hkv T [SETTING]
+// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)]
+//        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -88,6 +89,52 @@ double time_ms(int reps, const std::function<void()>& fn, const std::function<vo
   return t[t.size() / 2];
 }
 
+// A decode step of a model as it is replayed in production: `layers` calls,
+// each reading memory of its own, captured into one CUDA graph on a stream of
+// its own and replayed; returns the median per-layer time in ms. The graph
+// takes the host's enqueue out of the time (a single call between events
+// includes it), and the layers' distinct memory keeps the L2 cold
+// (stack_layers: together at least 256 MB, over four times the H200's 60 MB).
+double graph_ms(int layers, int reps, const std::function<void(int, cudaStream_t)>& layer) {
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < layers; ++i) layer(i, s);  // sizes the stream's workspace, sets kernel attributes
+  CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < layers; ++i) layer(i, s);
+  CHECK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK(cudaGraphLaunch(exec, s));
+  CHECK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / layers);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(s));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Layers of a graph_ms step: enough that their bytes together reach 256 MB, at most 64.
+int stack_layers(double bytes_per_layer) {
+  return static_cast<int>(std::clamp(std::ceil(256e6 / bytes_per_layer), 1.0, 64.0));
+}
+
 double copy_bandwidth() {
   const std::size_t n = std::size_t{4} << 30;
   void *a, *b;
@@ -150,7 +197,10 @@ void flush_table(double bw, bool quick) {
 
 void decode_table(double bw, bool quick) {
   std::printf("\n## Decode attention, one step: Hq=32, D=128, fp16 history, q fp32\n\n");
-  std::printf("| B | Hkv | kv_len | kernel | ms | MB read | GB/s | %% copy bw | fp16 / this |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("one call: a single call between two events (the host's enqueue included, L2 as the last call left it);\n"
+              "graph: per layer, L layers of their own memory replayed as one CUDA graph (no host time, cold L2)\n\n");
+  std::printf("| B | Hkv | kv_len | kernel | MB read | one call ms | %% copy bw | L | graph ms | %% copy bw | fp16 / this (graph) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<int> Bs = {1, 8, 32}, Hs = {32, 8};
   std::vector<std::int64_t> Ts = {4096, 32768, 131072, 524288};
   if (quick) Bs = {1}, Ts = {4096, 32768};
@@ -160,36 +210,56 @@ void decode_table(double bw, bool quick) {
         const double fp16_bytes = 2.0 * B * Hkv * T * 128 * 2;
         if (fp16_bytes > 72e9) continue;  // leave room for the packed caches
         const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
-        __half *k, *v;
+        // layer 0's keys and values, then the graph's other layers' copies
+        const int L16 = stack_layers(fp16_bytes);
+        std::vector<__half*> ks(L16), vs(L16);
         float *q, *out;
-        CHECK(cudaMalloc(&k, n * 2));
-        CHECK(cudaMalloc(&v, n * 2));
+        for (int l = 0; l < L16; ++l) {
+          CHECK(cudaMalloc(&ks[l], n * 2));
+          CHECK(cudaMalloc(&vs[l], n * 2));
+        }
         CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
         CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
-        random_half(k, n, static_cast<std::uint32_t>(T + B));
-        random_half(v, n, static_cast<std::uint32_t>(T + Hkv));
+        random_half(ks[0], n, static_cast<std::uint32_t>(T + B));
+        random_half(vs[0], n, static_cast<std::uint32_t>(T + Hkv));
+        for (int l = 1; l < L16; ++l) {
+          CHECK(cudaMemcpy(ks[l], ks[0], n * 2, cudaMemcpyDeviceToDevice));
+          CHECK(cudaMemcpy(vs[l], vs[0], n * 2, cudaMemcpyDeviceToDevice));
+        }
         fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
         const float scale = 1.0f / std::sqrt(128.0f);
         const int reps = T >= 131072 ? 20 : 50;
-        const double t16 = time_ms(reps, [&] { cuda::attend_dense_fp16(q, k, v, out, B, 32, Hkv, 1, T, 128, 128, scale); });
-        std::printf("| %d | %d | %lld | fp16 (skvq kernel) | %.4f | %.1f | %.0f | %.1f%% | 1.00 |\n", B, Hkv,
-                    static_cast<long long>(T), t16, fp16_bytes / 1e6, fp16_bytes / (t16 * 1e-3) / 1e9,
-                    100 * fp16_bytes / (t16 * 1e-3) / bw);
-        std::printf("RESULT decode kernel=fp16 B=%d Hkv=%d T=%lld ms=%.5f bytes=%.0f\n", B, Hkv, static_cast<long long>(T), t16,
-                    fp16_bytes);
-        for (const Setting& s : kSettings) {
-          cuda::DeviceCache c(make_config(s), B, Hkv, 128, T);
-          c.append_device(k, v, T);
-          const double tq = time_ms(reps, [&] { c.attend_device(q, 32, 1, scale, out); });
-          const double bytes = static_cast<double>(c.bytes_read_per_step());
-          std::printf("| %d | %d | %lld | %s | %.4f | %.1f | %.0f | %.1f%% | %.2f |\n", B, Hkv, static_cast<long long>(T), s.name,
-                      tq, bytes / 1e6, bytes / (tq * 1e-3) / 1e9, 100 * bytes / (tq * 1e-3) / bw, t16 / tq);
-          std::printf("RESULT decode kernel=%s B=%d Hkv=%d T=%lld ms=%.5f bytes=%.0f\n", s.name, B, Hkv,
-                      static_cast<long long>(T), tq, bytes);
+        const auto row = [&](const char* name, double bytes, double one, int layers, double graph, double graph16) {
+          std::printf("| %d | %d | %lld | %s | %.1f | %.4f | %.1f%% | %d | %.4f | %.1f%% | %.2f |\n", B, Hkv,
+                      static_cast<long long>(T), name, bytes / 1e6, one, 100 * bytes / (one * 1e-3) / bw, layers, graph,
+                      100 * bytes / (graph * 1e-3) / bw, graph16 / graph);
+          std::printf("RESULT decode kernel=%s B=%d Hkv=%d T=%lld ms=%.5f bytes=%.0f graph_ms=%.5f layers=%d\n", name, B, Hkv,
+                      static_cast<long long>(T), one, bytes, graph, layers);
+        };
+        const double t16 = time_ms(reps, [&] { cuda::attend_dense_fp16(q, ks[0], vs[0], out, B, 32, Hkv, 1, T, 128, 128, scale); });
+        const double g16 = graph_ms(L16, reps, [&](int l, cudaStream_t s) {
+          cuda::attend_dense_fp16(q, ks[l], vs[l], out, B, 32, Hkv, 1, T, 128, 128, scale, 0, s);
+        });
+        row("fp16", fp16_bytes, t16, L16, g16, g16);
+        for (const Setting& st : kSettings) {
+          std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+          caches.push_back(std::make_unique<cuda::DeviceCache>(make_config(st), B, Hkv, 128, T));
+          caches[0]->append_device(ks[0], vs[0], T);
+          const double bytes = static_cast<double>(caches[0]->bytes_read_per_step());
+          const int L = stack_layers(bytes);
+          for (int l = 1; l < L; ++l) {
+            caches.push_back(std::make_unique<cuda::DeviceCache>(make_config(st), B, Hkv, 128, T));
+            caches[l]->append_device(ks[0], vs[0], T);
+          }
+          const double tq = time_ms(reps, [&] { caches[0]->attend_device(q, 32, 1, scale, out); });
+          const double gq = graph_ms(L, reps, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, 32, 1, scale, out, 0, s); });
+          row(st.name, bytes, tq, L, gq, g16);
         }
         std::fflush(stdout);
-        CHECK(cudaFree(k));
-        CHECK(cudaFree(v));
+        for (int l = 0; l < L16; ++l) {
+          CHECK(cudaFree(ks[l]));
+          CHECK(cudaFree(vs[l]));
+        }
         CHECK(cudaFree(q));
         CHECK(cudaFree(out));
       }
@@ -309,8 +379,63 @@ void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
   CHECK(cudaMemPoolDestroy(pool));
 }
 
+// One packed decode step on one shape by three routes, three rounds alternating:
+// the legacy default stream, a non-blocking stream (both one call between two
+// events) and a one-call CUDA graph on that stream: --streams B Hkv T [SETTING]
+void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
+  const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
+  __half *k, *v;
+  float *q, *out;
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
+  CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
+  random_half(k, n, 1);
+  random_half(v, n, 2);
+  fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
+  cuda::DeviceCache c(make_config(setting), B, Hkv, 128, T);
+  c.append_device(k, v, T);
+  CHECK(cudaFree(k));
+  CHECK(cudaFree(v));
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  c.attend_device(q, 32, 1, 0.088f, out);
+  c.attend_device(q, 32, 1, 0.088f, out, 0, s);
+  CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  const auto on_stream = [&] {
+    std::vector<double> t;
+    for (int i = 0; i < 20; ++i) {
+      CHECK(cudaEventRecord(a, s));
+      c.attend_device(q, 32, 1, 0.088f, out, 0, s);
+      CHECK(cudaEventRecord(b, s));
+      CHECK(cudaEventSynchronize(b));
+      float ms = 0;
+      CHECK(cudaEventElapsedTime(&ms, a, b));
+      t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+  };
+  for (int round = 0; round < 3; ++round) {
+    const double legacy = time_ms(20, [&] { c.attend_device(q, 32, 1, 0.088f, out); });
+    const double stream = on_stream();
+    const double graph = graph_ms(1, 20, [&](int, cudaStream_t gs) { c.attend_device(q, 32, 1, 0.088f, out, 0, gs); });
+    std::printf("%s B=%d Hkv=%d T=%lld round %d: legacy stream %.4f ms, non-blocking stream %.4f ms, graph %.4f ms\n", setting.name,
+                B, Hkv, static_cast<long long>(T), round, legacy, stream, graph);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  cuda::release_workspace(s);
+  CHECK(cudaStreamDestroy(s));
+  CHECK(cudaFree(q));
+  CHECK(cudaFree(out));
+}
+
 int main(int argc, char** argv) {
-  if ((argc == 5 || argc == 6) && std::strcmp(argv[1], "--one") == 0) {
+  if ((argc == 5 || argc == 6) && (std::strcmp(argv[1], "--one") == 0 || std::strcmp(argv[1], "--streams") == 0)) {
     const Setting* setting = &kSettings[0];
     if (argc == 6) {
       setting = nullptr;
@@ -323,7 +448,8 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    if (std::strcmp(argv[1], "--one") == 0) one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    else streams(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
     return 0;
   }
   bool quick = false, scale = true, flush_only = false;

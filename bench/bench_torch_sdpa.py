@@ -1,5 +1,9 @@
 """PyTorch fp16 decode attention (scaled_dot_product_attention, flash backend)
-on the shapes of bench_cuda, timed with CUDA events; prints RESULT lines."""
+on the shapes of bench_cuda, timed with CUDA events as bench_cuda times its
+kernels: one call between two events, and per layer in a CUDA graph of L
+layers, each with keys and values of its own (L from the same rule as
+bench_cuda's stack_layers: together at least 256 MB, at most 64); prints
+RESULT lines."""
 import math
 import sys
 
@@ -23,6 +27,35 @@ def median_ms(fn, reps):
     return times[len(times) // 2]
 
 
+def stack_layers(bytes_per_layer):
+    return int(min(64, max(1, math.ceil(256e6 / bytes_per_layer))))
+
+
+def graph_ms(layers, reps, layer):
+    """Median per-layer time of `layers` calls captured into one CUDA graph."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for i in range(layers):  # warm-up outside the capture
+            layer(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(layers):
+            layer(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / layers)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def main():
     quick = "--quick" in sys.argv
     dev = torch.device("cuda")
@@ -40,18 +73,29 @@ def main():
             for T in Ts:
                 if 2.0 * B * Hkv * T * 128 * 2 > 72e9:
                     continue
+                nbytes = 2.0 * B * Hkv * T * 128 * 2
+                L = stack_layers(nbytes)
                 q = torch.randn(B, 32, 1, 128, dtype=torch.float16, device=dev)
-                k = torch.randn(B, Hkv, T, 128, dtype=torch.float16, device=dev)
-                v = torch.randn(B, Hkv, T, 128, dtype=torch.float16, device=dev)
+                ks = [torch.randn(B, Hkv, T, 128, dtype=torch.float16, device=dev)]
+                vs = [torch.randn(B, Hkv, T, 128, dtype=torch.float16, device=dev)]
+                ks += [ks[0].clone() for _ in range(L - 1)]
+                vs += [vs[0].clone() for _ in range(L - 1)]
                 reps = 20 if T >= 131072 else 50
+                gqa = Hkv != 32
                 try:
                     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                        ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=(Hkv != 32)), reps)
-                    print(f"RESULT decode kernel=torch_flash B={B} Hkv={Hkv} T={T} ms={ms:.5f} bytes={2.0 * B * Hkv * T * 128 * 2:.0f}")
+                        ms = median_ms(lambda: F.scaled_dot_product_attention(q, ks[0], vs[0], enable_gqa=gqa), reps)
+                        outs = [None] * L
+
+                        def layer(i):
+                            outs[i] = F.scaled_dot_product_attention(q, ks[i], vs[i], enable_gqa=gqa)
+
+                        gms = graph_ms(L, reps, layer)
+                    print(f"RESULT decode kernel=torch_flash B={B} Hkv={Hkv} T={T} ms={ms:.5f} bytes={nbytes:.0f} graph_ms={gms:.5f} layers={L}")
                 except RuntimeError as e:
-                    print(f"RESULT decode kernel=torch_flash B={B} Hkv={Hkv} T={T} ms=nan bytes=0 error={str(e)[:60]!r}")
+                    print(f"RESULT decode kernel=torch_flash B={B} Hkv={Hkv} T={T} ms=nan bytes=0 graph_ms=nan layers={L} error={str(e)[:60]!r}")
                 sys.stdout.flush()
-                del q, k, v
+                del q, ks, vs
                 torch.cuda.empty_cache()
 
 

@@ -7,9 +7,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
+
+#ifdef SKVQ_TEST_CUDA_RUNTIME
+#include <cuda_runtime.h>
+#endif
 
 #include "cuda/fast_div.hpp"
 #include "cuda/selfcheck.hpp"
@@ -457,6 +462,198 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 2, 2, MetaType::fp16), 1, 1, 128, 100), Error);
   }
 }
+
+
+#ifdef SKVQ_TEST_CUDA_RUNTIME
+// ---- streams and graphs (tests that call the CUDA runtime themselves) ----
+
+#define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
+
+// Device buffers that free themselves.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(std::size_t bytes) : p(cuda::device_alloc(bytes)) {}
+  ~DeviceBuffer() { cuda::device_free(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* f() const { return static_cast<float*>(p); }
+};
+
+std::vector<float> download(const DeviceBuffer& b, std::size_t n) {
+  std::vector<float> h(n);
+  cuda::copy_to_host(h.data(), b.p, n * sizeof(float));
+  return h;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A cache filled on a stream of its own (appends in several calls, some of
+// them partial windows, so both the flush kernels and the tail copies run on
+// it) holds the state of one filled on the legacy default stream, and its
+// attention on that stream gives the same bits.
+TEST(Cuda, StreamsGiveTheDefaultStreamsResults) {
+  REQUIRE_GPU();
+  for (const Config& cfg : {gpu_config(128, 5, 128, 2, 2, MetaType::fp16), gpu_config(64, 3, 32, 4, 4, MetaType::fp8_e4m3)}) {
+    const std::int64_t B = 2, H = 2, S = 700;
+    Tensor k = randn({B, H, S, 128}, 71, DType::f16, true), v = randn({B, H, S, 128}, 72, DType::f16);
+    // per call, contiguous [B, H, n, D] pieces on the device
+    std::vector<std::unique_ptr<DeviceBuffer>> pieces;
+    std::vector<std::int64_t> counts = {300, 1, 63, 336};
+    std::vector<std::pair<void*, void*>> ptrs;
+    std::int64_t fed = 0;
+    for (std::int64_t n : counts) {
+      const Tensor kp = Tensor::copy_of(k.view().slice_tokens(fed, n), DType::f16);
+      const Tensor vp = Tensor::copy_of(v.view().slice_tokens(fed, n), DType::f16);
+      pieces.push_back(std::make_unique<DeviceBuffer>(kp.nbytes()));
+      cuda::copy_to_device(pieces.back()->p, kp.data(), kp.nbytes());
+      void* kd = pieces.back()->p;
+      pieces.push_back(std::make_unique<DeviceBuffer>(vp.nbytes()));
+      cuda::copy_to_device(pieces.back()->p, vp.data(), vp.nbytes());
+      ptrs.emplace_back(kd, pieces.back()->p);
+      fed += n;
+    }
+    cudaStream_t s = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cuda::DeviceCache on_default(cfg, B, H, 128, S), on_stream(cfg, B, H, 128, S);
+    for (std::size_t i = 0; i < counts.size(); ++i) {
+      on_default.append_device(ptrs[i].first, ptrs[i].second, counts[i]);
+      on_stream.append_device(ptrs[i].first, ptrs[i].second, counts[i], s);
+    }
+    for (std::int64_t sq : {1, 3}) {
+      const Tensor q = randn({B, 4 * H, sq, 128}, static_cast<std::uint32_t>(80 + sq), DType::f32);
+      DeviceBuffer dq(q.nbytes()), out_a(q.nbytes()), out_b(q.nbytes());
+      cuda::copy_to_device(dq.p, q.data(), q.nbytes());
+      on_default.attend_device(dq.f(), 4 * H, sq, 0.09f, out_a.f());
+      on_stream.attend_device(dq.f(), 4 * H, sq, 0.09f, out_b.f(), 0, s);
+      CUDA_OK(cudaStreamSynchronize(s));
+      cuda::synchronize();
+      const std::size_t n = static_cast<std::size_t>(q.numel());
+      EXPECT_TRUE(same_bits(download(out_a, n), download(out_b, n))) << "group " << cfg.group_size << " Sq " << sq;
+    }
+    EXPECT_TRUE(on_stream.to_host().same_state(on_default.to_host())) << "group " << cfg.group_size;
+    cuda::release_workspace(s);
+    CUDA_OK(cudaStreamDestroy(s));
+  }
+}
+
+// Attention on two streams at once, each call's work overlapping the other
+// stream's: every output is the one the call gives alone. Two calls sharing
+// a split workspace would overwrite each other's partials.
+TEST(Cuda, ConcurrentStreamsKeepTheirOwnWorkspaces) {
+  REQUIRE_GPU();
+  struct Job {
+    std::int64_t B, H, S;
+    std::unique_ptr<cuda::DeviceCache> cache;
+    std::unique_ptr<DeviceBuffer> q;
+    std::size_t n_out = 0;
+    std::vector<float> want;
+  };
+  Job jobs[2] = {{1, 2, 3000, nullptr, nullptr, 0, {}}, {2, 4, 2000, nullptr, nullptr, 0, {}}};
+  std::uint32_t seed = 90;
+  for (Job& j : jobs) {
+    const Config cfg = gpu_config(128, 5, 128, 2, 2, MetaType::fp16);
+    j.cache = std::make_unique<cuda::DeviceCache>(cfg, j.B, j.H, 128, j.S);
+    const Tensor k = randn({j.B, j.H, j.S, 128}, seed++, DType::f16, true), v = randn({j.B, j.H, j.S, 128}, seed++);
+    j.cache->append(k.view(), v.view());
+    const Tensor q = randn({j.B, 4 * j.H, 1, 128}, seed++, DType::f32);
+    j.q = std::make_unique<DeviceBuffer>(q.nbytes());
+    cuda::copy_to_device(j.q->p, q.data(), q.nbytes());
+    j.n_out = static_cast<std::size_t>(q.numel());
+    DeviceBuffer out(q.nbytes());
+    j.cache->attend_device(j.q->f(), 4 * j.H, 1, 0.09f, out.f());
+    cuda::synchronize();
+    j.want = download(out, j.n_out);
+  }
+  cudaStream_t streams[2];
+  for (cudaStream_t& s : streams) CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  constexpr int kRounds = 16;
+  std::vector<std::unique_ptr<DeviceBuffer>> outs[2];
+  for (int r = 0; r < kRounds; ++r)
+    for (int i = 0; i < 2; ++i) {
+      outs[i].push_back(std::make_unique<DeviceBuffer>(jobs[i].n_out * sizeof(float)));
+      jobs[i].cache->attend_device(jobs[i].q->f(), 4 * jobs[i].H, 1, 0.09f, outs[i].back()->f(), 0, streams[i]);
+    }
+  for (cudaStream_t s : streams) CUDA_OK(cudaStreamSynchronize(s));
+  for (int i = 0; i < 2; ++i)
+    for (int r = 0; r < kRounds; ++r) EXPECT_TRUE(same_bits(download(*outs[i][r], jobs[i].n_out), jobs[i].want)) << i << " " << r;
+  for (cudaStream_t s : streams) {
+    cuda::release_workspace(s);
+    CUDA_OK(cudaStreamDestroy(s));
+  }
+}
+
+// An attention call captured into a CUDA graph replays to the call's own
+// bits; a capture on a stream whose workspace is too small is refused with
+// an error that says what to do, and the stream works normally afterwards.
+TEST(Cuda, AttentionCapturedInAGraphReplaysTheCall) {
+  REQUIRE_GPU();
+  const Config cfg = gpu_config(128, 5, 32, 2, 2, MetaType::fp16);
+  const std::int64_t B = 1, H = 2, S = 1500;
+  cuda::DeviceCache c(cfg, B, H, 128, S);
+  c.append(randn({B, H, S, 128}, 95, DType::f16, true).view(), randn({B, H, S, 128}, 96).view());
+  const Tensor q = randn({B, 4 * H, 1, 128}, 97, DType::f32);
+  DeviceBuffer dq(q.nbytes()), want_d(q.nbytes()), got_d(q.nbytes());
+  cuda::copy_to_device(dq.p, q.data(), q.nbytes());
+  const std::size_t n = static_cast<std::size_t>(q.numel());
+  cudaStream_t s = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  c.attend_device(dq.f(), 4 * H, 1, 0.09f, want_d.f(), 0, s);  // sizes the stream's workspace
+  CUDA_OK(cudaStreamSynchronize(s));
+  const std::vector<float> want = download(want_d, n);
+
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, s);
+  CUDA_OK(cudaStreamEndCapture(s, &graph));
+  cudaGraphExec_t exec = nullptr;
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 3; ++rep) {
+    CUDA_OK(cudaMemsetAsync(got_d.p, 0xFF, n * sizeof(float), s));  // NaN: every output must be written again
+    CUDA_OK(cudaGraphLaunch(exec, s));
+    CUDA_OK(cudaStreamSynchronize(s));
+    EXPECT_TRUE(same_bits(download(got_d, n), want)) << "replay " << rep;
+  }
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+
+  // a stream without a workspace (a new stream may reuse a destroyed one's handle: released first):
+  // capturing its first call is refused before anything is enqueued
+  cudaStream_t fresh = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&fresh, cudaStreamNonBlocking));
+  cuda::release_workspace(fresh);
+  CUDA_OK(cudaStreamBeginCapture(fresh, cudaStreamCaptureModeGlobal));
+  expect_error([&] { c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, fresh); }, {"workspace", "capture"});
+  cudaGraph_t empty = nullptr;
+  CUDA_OK(cudaStreamEndCapture(fresh, &empty));
+  if (empty != nullptr) {
+    std::size_t nodes = 1;
+    CUDA_OK(cudaGraphGetNodes(empty, nullptr, &nodes));
+    EXPECT_EQ(nodes, 0u);
+    CUDA_OK(cudaGraphDestroy(empty));
+  }
+  c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, fresh);
+  CUDA_OK(cudaStreamSynchronize(fresh));
+  EXPECT_TRUE(same_bits(download(got_d, n), want));
+  // a captured buffer outlives its release (the graph may be replayed): replays after it still give the call's bits
+  CUDA_OK(cudaStreamBeginCapture(fresh, cudaStreamCaptureModeGlobal));
+  c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, fresh);
+  CUDA_OK(cudaStreamEndCapture(fresh, &graph));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  cuda::release_workspace(fresh);
+  CUDA_OK(cudaMemsetAsync(got_d.p, 0xFF, n * sizeof(float), fresh));
+  CUDA_OK(cudaGraphLaunch(exec, fresh));
+  CUDA_OK(cudaStreamSynchronize(fresh));
+  EXPECT_TRUE(same_bits(download(got_d, n), want)) << "replay after release";
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  for (cudaStream_t x : {fresh, s}) {
+    cuda::release_workspace(x);
+    CUDA_OK(cudaStreamDestroy(x));
+  }
+}
+#endif  // SKVQ_TEST_CUDA_RUNTIME
 
 }  // namespace
 }  // namespace skvq::test

@@ -10,7 +10,18 @@
 #include "skvq/config.hpp"
 #include "skvq/layer_cache.hpp"
 
+struct CUstream_st;  // the CUDA runtime's stream type (cudaStream_t is CUstream_st*)
+
 namespace skvq::cuda {
+
+// A CUDA stream: pass a cudaStream_t as it is; nullptr is the legacy default
+// stream (the default everywhere). Work given a stream is enqueued on it and
+// ordered after that stream's earlier work; the caller orders streams against
+// each other (events), as with any CUDA library. The cache's host-side state
+// (offset, frontier) moves when a call is enqueued, so the calls on one cache
+// must be enqueued in the order they are meant to run, and a cache must not
+// be appended to on one stream while another stream may still read it.
+using Stream = ::CUstream_st*;
 
 // True when this build has the CUDA backend and a CUDA device of compute
 // capability 8.0 or newer is usable.
@@ -40,10 +51,11 @@ class DeviceCache {
 
   // Appends S tokens from device memory: keys [B, H, S, D], values
   // [B, H, S, Dv], fp16, contiguous. Whole windows are flushed on the GPU in
-  // one launch (the first flush computes the permutations). The values are
-  // not checked (that would read the input a second time): a non-finite one
-  // gives codes of no use, as the CPU cache would refuse it.
-  void append_device(const void* keys, const void* values, std::int64_t S);
+  // one launch (the first flush computes the permutations), the tail rows by
+  // asynchronous copies: all of it on `stream`, nothing waited for. The values
+  // are not checked (that would read the input a second time): a non-finite
+  // one gives codes of no use, as the CPU cache would refuse it.
+  void append_device(const void* keys, const void* values, std::int64_t S, Stream stream = nullptr);
   // Same from host tensors (any dtype/strides; converted to fp16 on the host),
   // checked as the CPU cache checks them (non-finite values and values past
   // the metadata's or fp16's range are errors; nothing is appended then).
@@ -52,8 +64,15 @@ class DeviceCache {
   // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous) over the
   // cache; query row i sits at position offset - Sq + i (causal). Writes
   // out [B, Hq, Sq, Dv] fp32 (device). num_splits 0: chosen to fill the GPU.
+  // Enqueued on `stream` (two kernels, no host wait). Each stream has its own
+  // split workspace, so calls on different streams may run concurrently. A
+  // call may be captured into a CUDA graph (stream capture) once the same
+  // shape has run on that stream outside the capture: capture cannot allocate,
+  // so a capture that would grow the stream's workspace is refused with an
+  // error (nothing enqueued). The graph replays this call as it was: the
+  // cache's length at capture time, whatever was appended since.
   void attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
-                     int num_splits = 0) const;
+                     int num_splits = 0, Stream stream = nullptr) const;
   // Same with host tensors; returns [B, Hq, Sq, Dv] fp32.
   Tensor attend(const TensorView& queries, float scale) const;
 
@@ -77,7 +96,15 @@ class DeviceCache {
 // v [B, Hkv, T, Dv] fp16, out [B, Hq, Sq, Dv] fp32; all device pointers.
 void attend_dense_fp16(const float* q, const void* k, const void* v, float* out, std::int64_t batch,
                        std::int64_t num_q_heads, std::int64_t num_kv_heads, std::int64_t sq, std::int64_t kv_len,
-                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits = 0);
+                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits = 0,
+                       Stream stream = nullptr);
+
+// Frees the split workspace that attention keeps for `stream` (on the current
+// device; waits for the device). For a stream that will not attend again, before
+// it is destroyed: a later stream may get the same handle, and the buffer would
+// otherwise stay until the process ends. A buffer that a CUDA graph captured is
+// kept (the graph may be replayed); the stream's next call allocates anew.
+void release_workspace(Stream stream);
 
 // Device memory helpers for tests and benchmarks (throw skvq::Error on failure).
 void* device_alloc(std::size_t bytes);

@@ -21,7 +21,10 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/common.cuh"
 #include "cuda/device_state.cuh"
@@ -2413,32 +2416,81 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
   }
 }
 
-// The workspace (split partials) of the current device. Every attention call
-// is enqueued on the legacy default stream, so calls never overlap on the
-// device and one buffer, grown when a call needs more, serves them all. The
-// lock that comes with it is held while the call enqueues its kernels, so a
-// growth by another thread (cudaFree waits for the device) cannot free the
-// buffer between a call's lookup and its launches. A stream-ordered
-// allocation and free per call cost 2-2.5 us of host time before the first
-// kernel could start (docs/performance.md, session 13).
+// The split workspaces (partials of each split): one buffer per device and
+// stream (and thread, for cudaStreamPerThread), grown when a call needs more
+// and kept until the process ends. Calls on one stream run one after
+// another, so they share its buffer; calls on different streams may overlap,
+// so they never share one. The lock is held while a call enqueues its
+// kernels, so a growth by another thread on the same stream (cudaFree waits
+// for the device) cannot free the buffer between a call's lookup and its
+// launches. A stream-ordered allocation and free per call cost 2-2.5 us of
+// host time before the first kernel could start (docs/performance.md,
+// session 13). A stream being captured into a graph cannot allocate: such a
+// call must find its buffer large enough, and a buffer once captured is never
+// freed (a graph may replay it later), only set aside when its stream grows.
 struct Workspace {
   std::unique_lock<std::mutex> lock;
   float* ptr = nullptr;
 };
-Workspace workspace(std::size_t bytes) {
-  static std::mutex mu;
-  static std::map<int, std::pair<void*, std::size_t>> buffers;  // per device; kept until the process ends
-  int dev = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  std::unique_lock<std::mutex> lock(mu);
-  auto& [ptr, size] = buffers[dev];
-  if (size < bytes) {
-    if (ptr != nullptr) SKVQ_CUDA_CHECK(cudaFree(ptr));
-    ptr = nullptr, size = 0;
-    SKVQ_CUDA_CHECK(cudaMalloc(&ptr, bytes));
-    size = bytes;
+struct WorkspaceBuffer {
+  void* ptr = nullptr;
+  std::size_t size = 0;
+  bool captured = false;
+};
+struct WorkspaceRegistry {
+  std::mutex mu;
+  std::map<std::tuple<int, cudaStream_t, std::thread::id>, WorkspaceBuffer> buffers;
+  std::vector<void*> set_aside;  // captured buffers outgrown or released: graphs may still use them
+
+  static std::tuple<int, cudaStream_t, std::thread::id> key(cudaStream_t stream) {
+    int dev = 0;
+    SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+    return {dev, stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
   }
-  return {std::move(lock), static_cast<float*>(ptr)};
+  // Frees b (cudaFree waits for the device), or sets it aside when a graph may hold it.
+  void drop(WorkspaceBuffer& b) {
+    if (b.ptr != nullptr) {
+      if (b.captured) set_aside.push_back(b.ptr);
+      else SKVQ_CUDA_CHECK(cudaFree(b.ptr));
+    }
+    b = WorkspaceBuffer{};
+  }
+};
+WorkspaceRegistry& workspaces() {
+  static WorkspaceRegistry r;  // kept until the process ends
+  return r;
+}
+
+Workspace workspace(std::size_t bytes, cudaStream_t stream) {
+  WorkspaceRegistry& r = workspaces();
+  const auto key = WorkspaceRegistry::key(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (stream != nullptr) SKVQ_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  std::unique_lock<std::mutex> lock(r.mu);
+  WorkspaceBuffer& b = r.buffers[key];
+  if (b.size < bytes) {
+    if (capturing) {
+      throw Error("skvq: cuda attend: this call needs a split workspace of " + std::to_string(bytes) +
+                  " bytes on its stream, which has " + std::to_string(b.size) +
+                  ", and a stream capture cannot allocate: run the same attention on this stream once before capturing it");
+    }
+    r.drop(b);
+    SKVQ_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
+    b.size = bytes;
+  }
+  b.captured = b.captured || capturing;
+  return {std::move(lock), static_cast<float*>(b.ptr)};
+}
+
+// SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
+// GPUs before compute capability 9.0 (tests of that path, benchmarks).
+bool dependent_launch_disabled() {
+  static const bool off = [] {
+    const char* e = std::getenv("SKVQ_CUDA_PDL");
+    return e != nullptr && std::string(e) == "0";
+  }();
+  return off;
 }
 
 // Programmatic dependent launch needs compute capability 9.0 (checked once per device).
@@ -2452,7 +2504,7 @@ bool dependent_launch_supported() {
   if (it != known.end()) return it->second;
   int major = 0;
   SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return known[dev] = major >= 9;
+  return known[dev] = major >= 9 && !dependent_launch_disabled();
 }
 
 }  // namespace
@@ -2467,6 +2519,16 @@ bool mma_enabled() {
   return on;
 }
 
+void release_workspace(cudaStream_t stream) {
+  WorkspaceRegistry& r = workspaces();
+  const auto key = WorkspaceRegistry::key(stream);
+  const std::lock_guard<std::mutex> lock(r.mu);
+  const auto it = r.buffers.find(key);
+  if (it == r.buffers.end()) return;
+  r.drop(it->second);
+  r.buffers.erase(it);
+}
+
 int choose_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   int sms = 132;
@@ -2479,8 +2541,7 @@ int choose_splits(const AttnParams& p, int requested) {
   return static_cast<int>(splits);
 }
 
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out) {
-  const cudaStream_t stream = 0;  // the legacy default stream (see workspace())
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
   if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
     int sh = 0;
@@ -2513,7 +2574,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out) {
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
-  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float));
+  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), stream);
   float* ws = w.ptr;
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;

@@ -112,28 +112,30 @@ struct DeviceCacheImpl {
     return f;
   }
   // Flushes n_chunks windows of both sides; their rows are token `first` on in ks/vs.
-  void flush(const __half* ks, const __half* vs, std::int64_t src_tokens, std::int64_t first, int n_chunks) {
+  void flush(const __half* ks, const __half* vs, std::int64_t src_tokens, std::int64_t first, int n_chunks,
+             cudaStream_t stream) {
     for (int side = 0; side < 2; ++side) {
       DevSide& s = side == 0 ? k : v;
       const FlushParams f = flush_params(side == 0 ? ks : vs, src_tokens, first, n_chunks);
       if (q_end == 0) {
-        if (s.perm) run_perm(f, s, 0);
+        if (s.perm) run_perm(f, s, stream);
         if (cfg.n_sink > 0) {
-          SKVQ_CUDA_CHECK(cudaMemcpy2D(s.sinks, static_cast<std::size_t>(cfg.n_sink) * s.D * 2, f.src + first * s.D,
+          SKVQ_CUDA_CHECK(cudaMemcpy2DAsync(s.sinks, static_cast<std::size_t>(cfg.n_sink) * s.D * 2, f.src + first * s.D,
                                        static_cast<std::size_t>(src_tokens) * s.D * 2,
                                        static_cast<std::size_t>(cfg.n_sink) * s.D * 2, static_cast<std::size_t>(B * H),
-                                       cudaMemcpyDeviceToDevice));
+                                       cudaMemcpyDeviceToDevice, stream));
         }
       }
-      run_flush(f, s, 0);
+      run_flush(f, s, stream);
     }
     q_end += static_cast<std::int64_t>(n_chunks) * cfg.window;
   }
-  void to_tail(const __half* src, std::int64_t src_tokens, std::int64_t first, std::int64_t n, DevSide& s) {
+  void to_tail(const __half* src, std::int64_t src_tokens, std::int64_t first, std::int64_t n, DevSide& s,
+               cudaStream_t stream) {
     const std::int64_t live = offset - q_end;
-    SKVQ_CUDA_CHECK(cudaMemcpy2D(s.tail + live * s.D, static_cast<std::size_t>(cfg.window) * s.D * 2, src + first * s.D,
+    SKVQ_CUDA_CHECK(cudaMemcpy2DAsync(s.tail + live * s.D, static_cast<std::size_t>(cfg.window) * s.D * 2, src + first * s.D,
                                  static_cast<std::size_t>(src_tokens) * s.D * 2, static_cast<std::size_t>(n) * s.D * 2,
-                                 static_cast<std::size_t>(B * H), cudaMemcpyDeviceToDevice));
+                                 static_cast<std::size_t>(B * H), cudaMemcpyDeviceToDevice, stream));
   }
 };
 
@@ -172,7 +174,7 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
 
 DeviceCache::~DeviceCache() = default;
 
-void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S) {
+void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, Stream stream) {
   DeviceCacheImpl& d = *impl_;
   if (S < 1) throw Error("skvq: cuda::DeviceCache::append_device: S=" + std::to_string(S) + " must be >= 1");
   if (d.offset + S > d.capacity) {
@@ -186,17 +188,17 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
     const std::int64_t live = d.offset - d.q_end;
     if (live == 0 && S - t >= r) {  // whole windows straight from the input, one launch
       const int n_chunks = static_cast<int>((S - t) / r);
-      d.flush(ks, vs, S, t, n_chunks);
+      d.flush(ks, vs, S, t, n_chunks, stream);
       d.offset += static_cast<std::int64_t>(n_chunks) * r;
       t += static_cast<std::int64_t>(n_chunks) * r;
       continue;
     }
     const std::int64_t n = std::min(S - t, r - live);
-    d.to_tail(ks, S, t, n, d.k);
-    d.to_tail(vs, S, t, n, d.v);
+    d.to_tail(ks, S, t, n, d.k, stream);
+    d.to_tail(vs, S, t, n, d.v, stream);
     d.offset += n;
     t += n;
-    if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, r, 0, 1);
+    if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, r, 0, 1, stream);
   }
   d.tokens_seen += S;
   d.fp16_k += d.B * d.H * S * d.k.D * 2;
@@ -235,7 +237,7 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
 }
 
 void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
-                                int num_splits) const {
+                                int num_splits, Stream stream) const {
   const DeviceCacheImpl& d = *impl_;
   if (d.offset == 0) throw Error("skvq: cuda attend on an empty cache");
   if (num_q_heads < d.H || num_q_heads % d.H != 0) {
@@ -260,7 +262,7 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
   p.kv_len = d.offset;
   p.scale = scale;
   if (!d.cfg.reorder || d.q_end == 0) p.k.perm = p.v.perm = nullptr;  // no permutation before the first flush
-  run_attention(p, false, num_splits, out);
+  run_attention(p, false, num_splits, out, stream);
 }
 
 Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
@@ -376,7 +378,7 @@ SkvqCache DeviceCache::to_host() const {
 
 void attend_dense_fp16(const float* q, const void* k, const void* v, float* out, std::int64_t batch,
                        std::int64_t num_q_heads, std::int64_t num_kv_heads, std::int64_t sq, std::int64_t kv_len,
-                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits) {
+                       std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits, Stream stream) {
   if (head_dim != 128 || v_head_dim != 128) throw Error("skvq: cuda attend_dense_fp16 supports head_dim 128 only");
   if (num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 || sq < 1 || sq > kv_len) {
     throw Error("skvq: cuda attend_dense_fp16: inconsistent shapes");
@@ -396,7 +398,7 @@ void attend_dense_fp16(const float* q, const void* k, const void* v, float* out,
   p.sinks = 0;
   p.window = 1;
   p.scale = scale;
-  run_attention(p, true, num_splits, out);
+  run_attention(p, true, num_splits, out, stream);
 }
 
 }  // namespace skvq::cuda

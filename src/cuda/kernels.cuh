@@ -7,8 +7,8 @@
 
 namespace skvq::cuda {
 
-// Split-K attention + combine on the legacy default stream; out [B, Hq, Sq, D] fp32 (device).
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out);
+// Split-K attention + combine enqueued on `stream`; out [B, Hq, Sq, D] fp32 (device).
+void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
 int choose_splits(const AttnParams& p, int requested);
 bool mma_enabled();
 

@@ -16,9 +16,9 @@ bool available() { return false; }
 std::string device_description() { return "built without CUDA"; }
 DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
 DeviceCache::~DeviceCache() = default;
-void DeviceCache::append_device(const void*, const void*, std::int64_t) { no_cuda(); }
+void DeviceCache::append_device(const void*, const void*, std::int64_t, Stream) { no_cuda(); }
 void DeviceCache::append(const TensorView&, const TensorView&) { no_cuda(); }
-void DeviceCache::attend_device(const float*, std::int64_t, std::int64_t, float, float*, int) const { no_cuda(); }
+void DeviceCache::attend_device(const float*, std::int64_t, std::int64_t, float, float*, int, Stream) const { no_cuda(); }
 Tensor DeviceCache::attend(const TensorView&, float) const { no_cuda(); }
 std::int64_t DeviceCache::offset() const { no_cuda(); }
 std::int64_t DeviceCache::q_end() const { no_cuda(); }
@@ -27,9 +27,10 @@ std::int64_t DeviceCache::bytes_held() const { no_cuda(); }
 std::int64_t DeviceCache::bytes_read_per_step() const { no_cuda(); }
 SkvqCache DeviceCache::to_host() const { no_cuda(); }
 void attend_dense_fp16(const float*, const void*, const void*, float*, std::int64_t, std::int64_t, std::int64_t,
-                       std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, int) {
+                       std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, int, Stream) {
   no_cuda();
 }
+void release_workspace(Stream) { no_cuda(); }
 void* device_alloc(std::size_t) { no_cuda(); }
 void device_free(void*) {}
 void copy_to_device(void*, const void*, std::size_t) { no_cuda(); }
