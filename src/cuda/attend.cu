@@ -123,20 +123,23 @@ __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo)
 struct W16 {
   float step, inv;  // u ~ r * step, r = rint(u * inv) in [0, 65535]
   __device__ __forceinline__ unsigned round(float u) const { return __float2uint_rn(fminf(u * inv, 65535.0f)); }
-  // r in the low 16 bits (above them the bits of 2^23): u * inv + 2^23 rounded once to float
-  // (whose ulp there is 1) is 2^23 + rint(u * inv), without a conversion instruction
+  // r in the low 16 bits (above them the bits of 2^23; the callers' byte permutes take bytes 0
+  // and 1): u * inv + 2^23 rounded once to float (whose ulp there is 1) is 2^23 + rint(u * inv),
+  // without a conversion instruction
   __device__ __forceinline__ unsigned round_low16(float u) const {
     return __float_as_uint(fminf(fmaf(u, inv, 8388608.0f), 8388608.0f + 65535.0f));
   }
 };
+// The step of a block of weights whose largest is umax, and its correctly rounded reciprocal.
 __device__ __forceinline__ W16 w16_of(float umax) {
   const float step = umax * (1.0f / 65535.0f);
   return W16{step, umax > 0.0f ? __frcp_rn(step) : 0.0f};
 }
-
 // w16_of with the reciprocal by rcp.approx (at most 1 ulp off, docs/numerics.md);
 // a block whose largest weight is below 2^-100 of the softmax's running
 // maximum gets all-zero weights (their share of any output is below 2^-90).
+// With round_low16 in every kernel but the dp4a kernel's one-group-a-row path:
+// measured faster in each of them, 3% slower there (docs/performance.md, session 21).
 __device__ __forceinline__ W16 w16_fast(float umax) {
   const float step = umax * (1.0f / 65535.0f);
   float inv;
@@ -379,14 +382,14 @@ struct GroupState {
         umax = fmaxf(umax, pw[t][n] * vs[t]);
         lacc[n] = fmaf(pw[t][n], vl[t], lacc[n]);
       }
-      const W16 w16 = w16_of(umax);
+      const W16 w16 = w16_fast(umax);
       const float sw = w16.step;
       unsigned wl[kQ], wh[kQ];  // low and high bytes of the 4 tokens' 16-bit weights
 #pragma unroll
       for (int qd = 0; qd < kQ; ++qd) {
         unsigned r[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) r[j] = w16.round(pw[4 * qd + j][n] * vs[4 * qd + j]);
+        for (int j = 0; j < 4; ++j) r[j] = w16.round_low16(pw[4 * qd + j][n] * vs[4 * qd + j]);
         const unsigned r01 = __byte_perm(r[0], r[1], 0x5140), r23 = __byte_perm(r[2], r[3], 0x5140);
         wl[qd] = __byte_perm(r01, r23, 0x5410), wh[qd] = __byte_perm(r01, r23, 0x7632);
       }
@@ -1012,12 +1015,12 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
           lsum = fmaf(pws[u], vl, lsum);
         }
         st.lacc[n] = fmaf(st.lacc[n], corr, lsum);
-        const W16 w16 = w16_of(umax);
+        const W16 w16 = w16_fast(umax);
         sw[n] = w16.step;
 #pragma unroll
         for (int qd = 0; qd < 2; ++qd) {
-          const unsigned p01 = __byte_perm(w16.round(uu[4 * qd]), w16.round(uu[4 * qd + 1]), 0x5410);
-          const unsigned p23 = __byte_perm(w16.round(uu[4 * qd + 2]), w16.round(uu[4 * qd + 3]), 0x5410);
+          const unsigned p01 = __byte_perm(w16.round_low16(uu[4 * qd]), w16.round_low16(uu[4 * qd + 1]), 0x5410);
+          const unsigned p23 = __byte_perm(w16.round_low16(uu[4 * qd + 2]), w16.round_low16(uu[4 * qd + 3]), 0x5410);
           wl[n][qd] = __byte_perm(p01, p23, 0x6420), wh[n][qd] = __byte_perm(p01, p23, 0x7531);
         }
       }
@@ -1296,13 +1299,13 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
         lacc[vg] += lsum;
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 1));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
-        const W16 w16 = w16_of(umax);
+        const W16 w16 = w16_fast(umax);
         vsw = w16.step;
         unsigned r[4][2];
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-          for (int i = 0; i < 2; ++i) r[nt][i] = w16.round(u[nt][i]);
+          for (int i = 0; i < 2; ++i) r[nt][i] = w16.round_low16(u[nt][i]);
         // k = 4 t + j: token (j / 2) * 8 + 2 t + j % 2; k = 16 + 4 t + j: 16 more
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
