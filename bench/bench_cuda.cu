@@ -320,23 +320,40 @@ void scale_test(std::int64_t tokens) {
 
 }  // namespace
 
+// One shape of --one and --streams: random fp16 keys and values [B, Hkv, T,
+// 128], fp32 queries for Hq = 32, an output, and the packed cache filled from them.
+struct OneShape {
+  __half *k = nullptr, *v = nullptr;
+  float *q = nullptr, *out = nullptr;
+  std::unique_ptr<cuda::DeviceCache> cache;
+  OneShape(int B, int Hkv, std::int64_t T, const Setting& setting) {
+    const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
+    CHECK(cudaMalloc(&k, n * 2));
+    CHECK(cudaMalloc(&v, n * 2));
+    CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
+    CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
+    random_half(k, n, 1);
+    random_half(v, n, 2);
+    fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
+    cache = std::make_unique<cuda::DeviceCache>(make_config(setting), B, Hkv, 128, T);
+    cache->append_device(k, v, T);
+  }
+  ~OneShape() {
+    for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q), static_cast<void*>(out)}) cudaFree(p);
+  }
+  OneShape(const OneShape&) = delete;
+  OneShape& operator=(const OneShape&) = delete;
+};
+
 // One packed decode step on one shape (for a profiler): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out)
 void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
-  const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
-  __half *k, *v;
-  float *q, *out;
-  CHECK(cudaMalloc(&k, n * 2));
-  CHECK(cudaMalloc(&v, n * 2));
-  CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
-  CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
-  random_half(k, n, 1);
-  random_half(v, n, 2);
-  fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
-  cuda::DeviceCache c(make_config(setting), B, Hkv, 128, T);
-  c.append_device(k, v, T);
+  const OneShape x(B, Hkv, T, setting);
+  const cuda::DeviceCache& c = *x.cache;
+  const float* q = x.q;
+  float* out = x.out;
   for (int i = 0; i < 3; ++i) c.attend_device(q, 32, 1, 0.088f, out);
-  cuda::attend_dense_fp16(q, k, v, out, B, 32, Hkv, 1, T, 128, 128, 0.088f);
+  cuda::attend_dense_fp16(q, x.k, x.v, out, B, 32, Hkv, 1, T, 128, 128, 0.088f);
   CHECK(cudaDeviceSynchronize());
   // One call between two events (as the tables time it: the device waits for
   // the host to enqueue) and 20 calls back to back (host work overlapped).
@@ -383,20 +400,10 @@ void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
 // the legacy default stream, a non-blocking stream (both one call between two
 // events) and a one-call CUDA graph on that stream: --streams B Hkv T [SETTING]
 void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
-  const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
-  __half *k, *v;
-  float *q, *out;
-  CHECK(cudaMalloc(&k, n * 2));
-  CHECK(cudaMalloc(&v, n * 2));
-  CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
-  CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
-  random_half(k, n, 1);
-  random_half(v, n, 2);
-  fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
-  cuda::DeviceCache c(make_config(setting), B, Hkv, 128, T);
-  c.append_device(k, v, T);
-  CHECK(cudaFree(k));
-  CHECK(cudaFree(v));
+  const OneShape x(B, Hkv, T, setting);
+  const cuda::DeviceCache& c = *x.cache;
+  const float* q = x.q;
+  float* out = x.out;
   cudaStream_t s = nullptr;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   c.attend_device(q, 32, 1, 0.088f, out);
@@ -430,8 +437,6 @@ void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
   CHECK(cudaEventDestroy(b));
   cuda::release_workspace(s);
   CHECK(cudaStreamDestroy(s));
-  CHECK(cudaFree(q));
-  CHECK(cudaFree(out));
 }
 
 int main(int argc, char** argv) {
