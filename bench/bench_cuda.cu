@@ -4,7 +4,7 @@
 //   32-layer cache of 1M tokens. Prints tables and "RESULT ..." lines that
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)]
-//        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING]
+//        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -439,8 +439,39 @@ void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
   CHECK(cudaStreamDestroy(s));
 }
 
+// Split counts of the packed body against the default, per layer of an
+// L-layer graph (cold L2, as the decode table's graph column): each request
+// s gives n = ceil(tiles / s) tiles of 128 tokens a split after
+// run_attention's rounding, so ceil(tiles / n) splits: --splits B Hkv T [SETTING]
+void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
+  const OneShape x(B, Hkv, T, setting);
+  const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
+  const int L = stack_layers(bytes);
+  std::vector<std::unique_ptr<cuda::DeviceCache>> more;
+  for (int l = 1; l < L; ++l) {
+    more.push_back(std::make_unique<cuda::DeviceCache>(make_config(setting), B, Hkv, 128, T));
+    more.back()->append_device(x.k, x.v, T);
+  }
+  const auto layer = [&](int l) -> const cuda::DeviceCache& { return l == 0 ? *x.cache : *more[l - 1]; };
+  const std::int64_t tiles = x.cache->q_end() / 128;
+  std::printf("%s B=%d Hkv=%d T=%lld, %d layers, %lld tiles a head (request: tiles a split, splits):", setting.name, B, Hkv,
+              static_cast<long long>(T), L, static_cast<long long>(tiles));
+  for (int round = 0; round < 2; ++round) {
+    const double def = graph_ms(L, 20, [&](int l, cudaStream_t s) { layer(l).attend_device(x.q, 32, 1, 0.088f, x.out, 0, s); });
+    std::printf("\n  round %d: default %.4f ms", round, def);
+    for (int req : {1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 16, 18, 20, 24, 32, 41, 48, 64, 82, 128, 256}) {
+      if (req > tiles) break;
+      const std::int64_t n = (tiles + req - 1) / req;
+      const double t = graph_ms(L, 20, [&](int l, cudaStream_t s) { layer(l).attend_device(x.q, 32, 1, 0.088f, x.out, req, s); });
+      std::printf("; %d: %lld, %lld %.4f", req, static_cast<long long>(n), static_cast<long long>((tiles + n - 1) / n), t);
+    }
+  }
+  std::printf("\n");
+}
+
 int main(int argc, char** argv) {
-  if ((argc == 5 || argc == 6) && (std::strcmp(argv[1], "--one") == 0 || std::strcmp(argv[1], "--streams") == 0)) {
+  if ((argc == 5 || argc == 6) &&
+      (std::strcmp(argv[1], "--one") == 0 || std::strcmp(argv[1], "--streams") == 0 || std::strcmp(argv[1], "--splits") == 0)) {
     const Setting* setting = &kSettings[0];
     if (argc == 6) {
       setting = nullptr;
@@ -454,7 +485,8 @@ int main(int argc, char** argv) {
       }
     }
     if (std::strcmp(argv[1], "--one") == 0) one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
-    else streams(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    else if (std::strcmp(argv[1], "--streams") == 0) streams(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    else splits(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
     return 0;
   }
   bool quick = false, scale = true, flush_only = false;
