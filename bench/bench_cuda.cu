@@ -14,7 +14,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "skvq/cuda.hpp"
@@ -60,9 +62,11 @@ void random_half(__half* p, std::size_t n, std::uint32_t seed) {
   CHECK(cudaGetLastError());
 }
 
-// Median time in ms of fn over reps (after warm-up), with events; setup (when
-// given) runs before each call, warm-up included, outside the events.
-double time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& setup = {}) {
+// Median time in ms of fn over reps (after warm-up), with events recorded on
+// `stream` (fn's stream); setup (when given) runs before each call, warm-up
+// included, outside the events.
+double time_ms(int reps, const std::function<void()>& fn, const std::function<void()>& setup = {},
+               cudaStream_t stream = nullptr) {
   if (setup) setup();
   fn();
   CHECK(cudaDeviceSynchronize());
@@ -75,9 +79,9 @@ double time_ms(int reps, const std::function<void()>& fn, const std::function<vo
       setup();
       CHECK(cudaDeviceSynchronize());
     }
-    CHECK(cudaEventRecord(a));
+    CHECK(cudaEventRecord(a, stream));
     fn();
-    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventRecord(b, stream));
     CHECK(cudaEventSynchronize(b));
     float ms = 0;
     CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -106,28 +110,22 @@ double graph_ms(int layers, int reps, const std::function<void(int, cudaStream_t
   CHECK(cudaStreamEndCapture(s, &graph));
   cudaGraphExec_t exec = nullptr;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  CHECK(cudaGraphLaunch(exec, s));
-  CHECK(cudaStreamSynchronize(s));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / layers);
-  }
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  const double ms = time_ms(reps, [&] { CHECK(cudaGraphLaunch(exec, s)); }, {}, s);
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
+  cuda::release_workspace(s);
   CHECK(cudaStreamDestroy(s));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return ms / layers;
+}
+
+// The packed caches of a graph_ms step: `caches` (its first, when given,
+// filled) grown to `layers`, each filled from the same keys and values.
+void fill_layers(std::vector<std::unique_ptr<cuda::DeviceCache>>& caches, int layers, const Config& cfg, int B, int Hkv,
+                 std::int64_t T, const __half* k, const __half* v) {
+  while (static_cast<int>(caches.size()) < layers) {
+    caches.push_back(std::make_unique<cuda::DeviceCache>(cfg, B, Hkv, 128, T));
+    caches.back()->append_device(k, v, T);
+  }
 }
 
 // Layers of a graph_ms step: enough that their bytes together reach 256 MB, at most 64.
@@ -243,14 +241,10 @@ void decode_table(double bw, bool quick) {
         row("fp16", fp16_bytes, t16, L16, g16, g16);
         for (const Setting& st : kSettings) {
           std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
-          caches.push_back(std::make_unique<cuda::DeviceCache>(make_config(st), B, Hkv, 128, T));
-          caches[0]->append_device(ks[0], vs[0], T);
+          fill_layers(caches, 1, make_config(st), B, Hkv, T, ks[0], vs[0]);
           const double bytes = static_cast<double>(caches[0]->bytes_read_per_step());
           const int L = stack_layers(bytes);
-          for (int l = 1; l < L; ++l) {
-            caches.push_back(std::make_unique<cuda::DeviceCache>(make_config(st), B, Hkv, 128, T));
-            caches[l]->append_device(ks[0], vs[0], T);
-          }
+          fill_layers(caches, L, make_config(st), B, Hkv, T, ks[0], vs[0]);
           const double tq = time_ms(reps, [&] { caches[0]->attend_device(q, 32, 1, scale, out); });
           const double gq = graph_ms(L, reps, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, 32, 1, scale, out, 0, s); });
           row(st.name, bytes, tq, L, gq, g16);
@@ -409,32 +403,13 @@ void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
   c.attend_device(q, 32, 1, 0.088f, out);
   c.attend_device(q, 32, 1, 0.088f, out, 0, s);
   CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  const auto on_stream = [&] {
-    std::vector<double> t;
-    for (int i = 0; i < 20; ++i) {
-      CHECK(cudaEventRecord(a, s));
-      c.attend_device(q, 32, 1, 0.088f, out, 0, s);
-      CHECK(cudaEventRecord(b, s));
-      CHECK(cudaEventSynchronize(b));
-      float ms = 0;
-      CHECK(cudaEventElapsedTime(&ms, a, b));
-      t.push_back(ms);
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-  };
   for (int round = 0; round < 3; ++round) {
     const double legacy = time_ms(20, [&] { c.attend_device(q, 32, 1, 0.088f, out); });
-    const double stream = on_stream();
+    const double stream = time_ms(20, [&] { c.attend_device(q, 32, 1, 0.088f, out, 0, s); }, {}, s);
     const double graph = graph_ms(1, 20, [&](int, cudaStream_t gs) { c.attend_device(q, 32, 1, 0.088f, out, 0, gs); });
     std::printf("%s B=%d Hkv=%d T=%lld round %d: legacy stream %.4f ms, non-blocking stream %.4f ms, graph %.4f ms\n", setting.name,
                 B, Hkv, static_cast<long long>(T), round, legacy, stream, graph);
   }
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
   cuda::release_workspace(s);
   CHECK(cudaStreamDestroy(s));
 }
@@ -444,25 +419,21 @@ void streams(int B, int Hkv, std::int64_t T, const Setting& setting) {
 // s gives n = ceil(tiles / s) tiles of 128 tokens a split after
 // run_attention's rounding, so ceil(tiles / n) splits: --splits B Hkv T [SETTING]
 void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
-  const OneShape x(B, Hkv, T, setting);
-  const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
-  const int L = stack_layers(bytes);
-  std::vector<std::unique_ptr<cuda::DeviceCache>> more;
-  for (int l = 1; l < L; ++l) {
-    more.push_back(std::make_unique<cuda::DeviceCache>(make_config(setting), B, Hkv, 128, T));
-    more.back()->append_device(x.k, x.v, T);
-  }
-  const auto layer = [&](int l) -> const cuda::DeviceCache& { return l == 0 ? *x.cache : *more[l - 1]; };
-  const std::int64_t tiles = x.cache->q_end() / 128;
+  OneShape x(B, Hkv, T, setting);
+  const int L = stack_layers(static_cast<double>(x.cache->bytes_read_per_step()));
+  std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+  caches.push_back(std::move(x.cache));
+  fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
+  const std::int64_t tiles = caches[0]->q_end() / 128;
   std::printf("%s B=%d Hkv=%d T=%lld, %d layers, %lld tiles a head (request: tiles a split, splits):", setting.name, B, Hkv,
               static_cast<long long>(T), L, static_cast<long long>(tiles));
   for (int round = 0; round < 2; ++round) {
-    const double def = graph_ms(L, 20, [&](int l, cudaStream_t s) { layer(l).attend_device(x.q, 32, 1, 0.088f, x.out, 0, s); });
+    const double def = graph_ms(L, 20, [&](int l, cudaStream_t s) { caches[l]->attend_device(x.q, 32, 1, 0.088f, x.out, 0, s); });
     std::printf("\n  round %d: default %.4f ms", round, def);
     for (int req : {1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 16, 18, 20, 24, 32, 41, 48, 64, 82, 128, 256}) {
       if (req > tiles) break;
       const std::int64_t n = (tiles + req - 1) / req;
-      const double t = graph_ms(L, 20, [&](int l, cudaStream_t s) { layer(l).attend_device(x.q, 32, 1, 0.088f, x.out, req, s); });
+      const double t = graph_ms(L, 20, [&](int l, cudaStream_t s) { caches[l]->attend_device(x.q, 32, 1, 0.088f, x.out, req, s); });
       std::printf("; %d: %lld, %lld %.4f", req, static_cast<long long>(n), static_cast<long long>((tiles + n - 1) / n), t);
     }
   }
@@ -470,8 +441,12 @@ void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
 }
 
 int main(int argc, char** argv) {
-  if ((argc == 5 || argc == 6) &&
-      (std::strcmp(argv[1], "--one") == 0 || std::strcmp(argv[1], "--streams") == 0 || std::strcmp(argv[1], "--splits") == 0)) {
+  using ShapeMode = void (*)(int, int, std::int64_t, const Setting&);
+  const std::pair<const char*, ShapeMode> modes[] = {{"--one", one}, {"--streams", streams}, {"--splits", splits}};
+  const auto mode = argc >= 2 ? std::find_if(std::begin(modes), std::end(modes),
+                                             [&](const auto& m) { return std::strcmp(argv[1], m.first) == 0; })
+                              : std::end(modes);
+  if ((argc == 5 || argc == 6) && mode != std::end(modes)) {
     const Setting* setting = &kSettings[0];
     if (argc == 6) {
       setting = nullptr;
@@ -484,9 +459,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
-    if (std::strcmp(argv[1], "--one") == 0) one(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
-    else if (std::strcmp(argv[1], "--streams") == 0) streams(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
-    else splits(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    mode->second(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
     return 0;
   }
   bool quick = false, scale = true, flush_only = false;

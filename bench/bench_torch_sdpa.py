@@ -42,18 +42,7 @@ def graph_ms(layers, reps, layer):
     with torch.cuda.graph(g, stream=s):
         for i in range(layers):
             layer(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / layers)
-    times.sort()
-    return times[len(times) // 2]
+    return median_ms(g.replay, reps) / layers
 
 
 def main():
