@@ -463,7 +463,6 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
   }
 }
 
-
 #ifdef SKVQ_TEST_CUDA_RUNTIME
 // ---- streams and graphs (tests that call the CUDA runtime themselves) ----
 
@@ -603,20 +602,27 @@ TEST(Cuda, AttentionCapturedInAGraphReplaysTheCall) {
   CUDA_OK(cudaStreamSynchronize(s));
   const std::vector<float> want = download(want_d, n);
 
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, s);
-  CUDA_OK(cudaStreamEndCapture(s, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int rep = 0; rep < 3; ++rep) {
-    CUDA_OK(cudaMemsetAsync(got_d.p, 0xFF, n * sizeof(float), s));  // NaN: every output must be written again
-    CUDA_OK(cudaGraphLaunch(exec, s));
-    CUDA_OK(cudaStreamSynchronize(s));
-    EXPECT_TRUE(same_bits(download(got_d, n), want)) << "replay " << rep;
-  }
+  // One attention call on `st` captured into an executable graph (the graph itself is not needed after).
+  const auto capture = [&](cudaStream_t st) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+    c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, st);
+    EXPECT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    return exec;
+  };
+  // A replay into a NaN-poisoned output (every element must be written again) gives the call's bits.
+  const auto replay_matches = [&](cudaGraphExec_t exec, cudaStream_t st) {
+    EXPECT_EQ(cudaMemsetAsync(got_d.p, 0xFF, n * sizeof(float), st), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    return same_bits(download(got_d, n), want);
+  };
+  cudaGraphExec_t exec = capture(s);
+  for (int rep = 0; rep < 3; ++rep) EXPECT_TRUE(replay_matches(exec, s)) << "replay " << rep;
   CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
 
   // a stream without a workspace (a new stream may reuse a destroyed one's handle: released first):
   // capturing its first call is refused before anything is enqueued
@@ -637,17 +643,10 @@ TEST(Cuda, AttentionCapturedInAGraphReplaysTheCall) {
   CUDA_OK(cudaStreamSynchronize(fresh));
   EXPECT_TRUE(same_bits(download(got_d, n), want));
   // a captured buffer outlives its release (the graph may be replayed): replays after it still give the call's bits
-  CUDA_OK(cudaStreamBeginCapture(fresh, cudaStreamCaptureModeGlobal));
-  c.attend_device(dq.f(), 4 * H, 1, 0.09f, got_d.f(), 0, fresh);
-  CUDA_OK(cudaStreamEndCapture(fresh, &graph));
-  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  exec = capture(fresh);
   cuda::release_workspace(fresh);
-  CUDA_OK(cudaMemsetAsync(got_d.p, 0xFF, n * sizeof(float), fresh));
-  CUDA_OK(cudaGraphLaunch(exec, fresh));
-  CUDA_OK(cudaStreamSynchronize(fresh));
-  EXPECT_TRUE(same_bits(download(got_d, n), want)) << "replay after release";
+  EXPECT_TRUE(replay_matches(exec, fresh)) << "replay after release";
   CUDA_OK(cudaGraphExecDestroy(exec));
-  CUDA_OK(cudaGraphDestroy(graph));
   for (cudaStream_t x : {fresh, s}) {
     cuda::release_workspace(x);
     CUDA_OK(cudaStreamDestroy(x));
