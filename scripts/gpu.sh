@@ -28,6 +28,9 @@ done
 echo "== GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)"
 SKVQ_CUDA_FLUSH=quotients "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' > "$out/tests_quotients.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_quotients.txt" | head -n 10
+echo "== GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)"
+SKVQ_CUDA_FLUSH=exact "$bin/skvq_tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*' > "$out/tests_exact.txt" 2>&1
+grep -E "Failure|FAILED|PASSED" "$out/tests_exact.txt" | head -n 10
 echo "== GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)"
 SKVQ_CUDA_PDL=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopdl.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_nopdl.txt" | head -n 10

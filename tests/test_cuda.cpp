@@ -16,9 +16,11 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "cuda/clip_proxy.hpp"
 #include "cuda/fast_div.hpp"
 #include "cuda/selfcheck.hpp"
 #include "ref/attention.hpp"
+#include "ref/meta.hpp"
 #include "skvq/cuda.hpp"
 #include "test_util.hpp"
 
@@ -116,6 +118,144 @@ TEST(Cuda, FastDivMatchesDivision) {
     }
   }
   EXPECT_EQ(bad, 0u);
+}
+
+// The flush's certified clip choice (cuda/clip_proxy.hpp) on the host: for
+// every group it certifies, its factor must be the spec's (errors summed in
+// slot order, every operation rounded, ties to the earlier factor); and on
+// ordinary data it must certify nearly every group, or the flush falls back
+// to the exact sums and is no faster. Groups: normal and heterogeneous
+// values, an offset far above the range, few distinct values (ties between
+// factors), constant groups, huge and tiny magnitudes; at 1, 2, 4 and 8 bits,
+// groups of 32, 64, 128 and 48 slots, fp16, fp32 and e4m3 metadata. Needs no GPU.
+struct ClipCase {
+  float lo[5], scale[5], inv[5], err[5];
+  float gmin, gmax;
+  int spec;  // the spec's choice
+};
+
+ClipCase clip_case(const std::vector<float>& x, int bits, MetaType meta) {
+  static constexpr float kGrid[5] = {1.0f, 0.97f, 0.94f, 0.90f, 0.85f};
+  ClipCase c{};
+  const int g = static_cast<int>(x.size());
+  const float levels = static_cast<float>((1 << bits) - 1), inv_g = 1.0f / static_cast<float>(g);
+  c.gmin = c.gmax = x[0];
+  for (float v : x) c.gmin = std::min(c.gmin, v), c.gmax = std::max(c.gmax, v);
+  const float mid = (c.gmax + c.gmin) * 0.5f, rng = c.gmax - c.gmin;
+  c.spec = 0;
+  for (int a = 0; a < 5; ++a) {
+    const float t = kGrid[a] * rng;
+    c.lo[a] = ref::meta_round_lo(mid - t * 0.5f, meta);
+    c.scale[a] = ref::meta_round_scale(std::max(t / levels, ref::kMinScaleF32), meta);
+    c.inv[a] = 1.0f / c.scale[a];
+    float err = 0.0f;
+    for (float v : x) {
+      const float code = std::min(std::max(std::nearbyint((v - c.lo[a]) / c.scale[a]), 0.0f), levels);
+      const float d = code * c.scale[a] + c.lo[a] - v;
+      err += d * d;
+    }
+    c.err[a] = err * inv_g;
+    if (c.err[a] < c.err[c.spec]) c.spec = a;
+  }
+  return c;
+}
+
+// The proxy's choice as the flush forms it: slots in pairs (even, odd), the
+// clamp left out where in_range says it cannot matter, then choose. Where it
+// is left out, the sums must be those with the clamp, bit for bit.
+bool clip_proxy_choice(const std::vector<float>& x, const ClipCase& c, int bits, int& best) {
+  using Proxy = cuda::clip::ClipProxy<5>;
+  Proxy px(c.lo, c.inv, static_cast<float>((1 << bits) - 1)), clamped = px;
+  const int g = static_cast<int>(x.size());
+  const bool in_range = px.in_range(c.gmin, c.gmax);
+  for (int i = 0; i + 1 < g; i += 2) {
+    clamped.add2<true>(x[i], x[i + 1]);
+    if (in_range) px.add2<false>(x[i], x[i + 1]);
+  }
+  if (g % 2) {
+    clamped.add1<true>(x[g - 1]);
+    if (in_range) px.add1<false>(x[g - 1]);
+  }
+  if (!in_range) return clamped.choose(c.lo, c.scale, c.gmin, c.gmax, g, best);
+  for (int a = 0; a < 5; ++a) {
+    EXPECT_EQ(px.even[a], clamped.even[a]) << "bits " << bits << " factor " << a;
+    EXPECT_EQ(px.odd[a], clamped.odd[a]) << "bits " << bits << " factor " << a;
+  }
+  return px.choose(c.lo, c.scale, c.gmin, c.gmax, g, best);
+}
+
+TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto f16 = [](float v) { return f16_to_f32(f32_to_f16(v)); };
+  enum Kind { kNormal, kHetero, kOffset, kFewValues, kConstant, kHuge, kTiny, kKinds };
+  struct Tally {
+    long groups = 0, certified = 0;
+  };
+  Tally ordinary;  // normal and heterogeneous groups at fp16 metadata
+  long checked = 0, wrong = 0;
+  for (int bits : {1, 2, 4, 8}) {
+    for (int g : {32, 48, 64, 128}) {
+      for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+        for (int kind = 0; kind < kKinds; ++kind) {
+          const int n = kind == kNormal || kind == kHetero || kind == kOffset || kind == kFewValues ? 400 : 60;
+          for (int it = 0; it < n; ++it) {
+            std::vector<float> x(static_cast<std::size_t>(g));
+            const float scale = std::exp2(static_cast<float>(static_cast<int>(rng() % 9) - 4));
+            for (int i = 0; i < g; ++i) {
+              float v = normal(rng);
+              switch (kind) {
+                case kHetero: v *= (i % 7 == 0 ? 8.0f : 1.0f) * scale; break;
+                case kOffset: v = 100.0f + 0.25f * v; break;
+                case kFewValues: v = static_cast<float>(static_cast<int>(rng() % 4)) * 0.5f; break;
+                case kConstant: v = 1.5f; break;
+                case kHuge: v *= 9000.0f; break;
+                case kTiny: v *= 1e-5f; break;
+                default: v *= scale; break;
+              }
+              x[static_cast<std::size_t>(i)] = f16(v);
+            }
+            const ClipCase c = clip_case(x, bits, meta);
+            int best = -1;
+            const bool ok = clip_proxy_choice(x, c, bits, best);
+            if ((kind == kNormal || kind == kHetero) && meta == MetaType::fp16) ordinary.groups++, ordinary.certified += ok;
+            if (!ok) continue;
+            ++checked;
+            if (best != c.spec && wrong++ < 5) {
+              ADD_FAILURE() << "bits " << bits << " g " << g << " kind " << kind << ": certified factor " << best << ", spec " << c.spec
+                            << " (errors " << c.err[0] << " " << c.err[1] << " " << c.err[2] << " " << c.err[3] << " " << c.err[4] << ")";
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(checked, 10000);
+  // the flush is only faster if the exact sums are rare: nearly every ordinary group certified
+  EXPECT_GE(static_cast<double>(ordinary.certified), 0.99 * static_cast<double>(ordinary.groups))
+      << ordinary.certified << " of " << ordinary.groups;
+}
+
+// Factors whose errors differ by less than the bound can separate (here two
+// factors that give the same lo and scale: equal errors) are never
+// certified; the caller sums exactly and the tie goes to the earlier factor.
+TEST(Cuda, CertifiedClipChoiceRefusesTies) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(128);
+  for (float& v : x) v = f16_to_f32(f32_to_f16(normal(rng)));
+  ClipCase c = clip_case(x, 2, MetaType::fp16);
+  int best = -1;
+  ASSERT_TRUE(clip_proxy_choice(x, c, 2, best));
+  ASSERT_EQ(best, c.spec);
+  // make every factor the spec's choice: identical lo and scale, identical errors
+  for (int a = 0; a < 5; ++a) c.lo[a] = c.lo[c.spec], c.scale[a] = c.scale[c.spec], c.inv[a] = c.inv[c.spec];
+  EXPECT_FALSE(clip_proxy_choice(x, c, 2, best));
+  // a constant group: every factor reconstructs it exactly (errors 0)
+  std::vector<float> k(64, 0.75f);
+  const ClipCase z = clip_case(k, 4, MetaType::fp16);
+  EXPECT_FALSE(clip_proxy_choice(k, z, 4, best));
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA

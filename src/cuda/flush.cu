@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "cuda/clip_proxy.hpp"
 #include "cuda/common.cuh"
 #include "cuda/fast_div.hpp"
 #include "cuda/kernels.cuh"
@@ -156,6 +157,17 @@ struct GroupSlots {
     }
     if (g & 1) f(__half2float(xs[g - 1]));
   }
+  // The slots in pairs (f2: slots 2i and 2i + 1), a last odd slot through f1.
+  template <typename F2, typename F1>
+  __device__ __forceinline__ void pairs(F2&& f2, F1&& f1) const {
+    const __half2* x2 = reinterpret_cast<const __half2*>(xs);
+#pragma unroll 4
+    for (int i = 0; i < g / 2; ++i) {
+      const float2 v = __half22float2(x2[i]);
+      f2(v.x, v.y);
+    }
+    if (g & 1) f1(__half2float(xs[g - 1]));
+  }
   // Smallest and largest slot, compared as fp16 pairs (exact): the minimum
   // skips NaN slots (as fminf does), the maximum is NaN if any slot is (so a
   // group with a NaN slot is not finite and takes the NaN-safe division).
@@ -194,6 +206,7 @@ struct GroupSlots {
 template <int NA>
 struct Factors {
   float lo[NA], scale[NA], inv[NA];
+  Factors() = default;
   // tt / levels correctly rounded by quotient_rn (levels a constant; a tt
   // small enough to underflow in it gives a quotient far below the 1e-8 floor)
   __device__ __forceinline__ Factors(const FlushParams& f, float mid, float rng, float levels) {
@@ -303,6 +316,56 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
     }
   });
   return best_factor(err, inv_g);
+}
+
+// The spec's choice for the groups of the lanes that `need` it (finite
+// groups the estimate did not certify): every factor's error summed exactly,
+// in slot order (as choose_factor), but spread over the warp: lane j of a
+// pass sums factor j % NA of the (j / NA)-th such group, and that group's
+// lane takes the smallest (ties to the earlier factor). Every lane of
+// `lanes` (the warp's) calls it with its own group. A warp of fewer than NA
+// lanes sums each factor on the group's own lane.
+template <int NA>
+__device__ __forceinline__ void exact_choices(const Factors<NA>& F, const GroupSlots& xs, bool need, unsigned lanes, float levels,
+                                              int& a, bool& chosen) {
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const int per = __popc(lanes) / NA;  // groups a pass
+  const float inv_g = __fdiv_rn(1.0f, static_cast<float>(xs.g));
+  if (per == 0) {
+    if (need) a = choose_factor<NA, false>(F, xs, levels, inv_g), chosen = true;
+    return;
+  }
+  for (;;) {
+    const unsigned todo = __ballot_sync(lanes, need && !chosen);  // the same on every lane
+    if (todo == 0) return;
+    // this lane's share: factor fa of the task-th group of the pass (its lane: the task-th bit of todo)
+    const int task = lane / NA, fa = lane % NA;
+    unsigned m = todo;
+    for (int i = 0; i < task && m != 0; ++i) m &= m - 1;
+    const bool busy = task < per && m != 0;
+    const int owner = busy ? __ffs(static_cast<int>(m)) - 1 : lane;
+    float lo = 0.0f, scale = 1.0f, inv = 1.0f;
+#pragma unroll
+    for (int b = 0; b < NA; ++b) {
+      const float l = __shfl_sync(lanes, F.lo[b], owner), sc = __shfl_sync(lanes, F.scale[b], owner),
+                  iv = __shfl_sync(lanes, F.inv[b], owner);
+      if (b == fa) lo = l, scale = sc, inv = iv;
+    }
+    const auto* slots = reinterpret_cast<const __half*>(
+        __shfl_sync(lanes, static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(xs.xs)), owner));
+    float err = 0.0f;
+    if (busy) {
+      const GroupSlots os{slots, xs.g, xs.units8};
+      os.each([&](float x) { err = __fadd_rn(err, sq_error(code_of<false>(x, lo, scale, inv, levels), x, lo, scale)); });
+    }
+    // this lane's group, if it is in the pass: its task is its rank among todo's lanes
+    const int rank = __popc(todo & ((1u << lane) - 1u));
+    const bool mine = ((todo >> lane) & 1u) != 0 && rank < per;
+    float e[NA];
+#pragma unroll
+    for (int b = 0; b < NA; ++b) e[b] = __shfl_sync(lanes, err, mine ? rank * NA + b : lane);
+    if (mine) a = best_factor(e, inv_g), chosen = true;
+  }
 }
 
 // The codes of a row overwrite its slots behind the reads: no memory access
@@ -705,29 +768,56 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
 
   // a thread per row, over its groups
   const int rl = tid, t = t0 + rl;
-  for (int k = 0; k < G && rl < nr; ++k) {
+  const bool row_live = rl < nr, sink_row = slot == 0 && t < f.n_sink;  // sinks stay exact: code bytes left zero
+  // the lanes of this thread's warp (a block's last warp may be partial)
+  const unsigned warp_lanes = nt - (tid & ~31) >= 32 ? 0xffffffffu : (1u << (nt - (tid & ~31))) - 1u;
+  for (int k = 0; k < G; ++k) {  // every lane, every group: the warp meets at exact_choices
     const int j0 = k * g, j1 = min(D, j0 + g);
     auto* out16 = reinterpret_cast<unsigned short*>(out + rl * L.out_stride + j0 * bits / 8);
-    if (slot == 0 && t < f.n_sink) {  // sinks stay exact: their code bytes are left zero
+    if (row_live && sink_row) {
       for (int i = 0; i < (j1 - j0) * bits / 16; ++i) out16[i] = 0;
-    } else {
-      const GroupSlots xs{rows + rl * L.stride + j0, g, L.units};
-      constexpr float levels = static_cast<float>((1 << BITS) - 1);
-      float gmin, gmax;
+    }
+    const bool work = row_live && !sink_row;
+    const GroupSlots xs{rows + rl * L.stride + j0, g, L.units};
+    constexpr float levels = static_cast<float>((1 << BITS) - 1);
+    float gmin = 0.0f, gmax = 0.0f;
+    Factors<NA> F;
+    bool finite = false;
+    int a = 0;
+    bool chosen = NA == 1;
+    if (work) {
       xs.min_max(gmin, gmax);
       const float mid = __fmul_rn(__fadd_rn(gmax, gmin), 0.5f);
       const float rng = __fsub_rn(gmax, gmin);
-      const Factors<NA> F(f, mid, rng, levels);
-      const bool finite = isfinite(gmin) && isfinite(gmax);  // false with a NaN slot (gmax is NaN then)
+      F = Factors<NA>(f, mid, rng, levels);
+      finite = isfinite(gmin) && isfinite(gmax);  // false with a NaN slot (gmax is NaN then)
+      if constexpr (NA > 1) {
+        if (finite && !f.exact_search) {
+          // every factor's error estimated (5 float operations a slot and factor), the choice certified
+          // (cuda/clip_proxy.hpp)
+          clip::ClipProxy<NA> px(F.lo, F.inv, levels);
+          if (__all_sync(__activemask(), px.in_range(gmin, gmax))) {  // no clamp needed (1 and 2 bits, mostly)
+            xs.pairs([&](float x0, float x1) { px.template add2<false>(x0, x1); }, [&](float x) { px.template add1<false>(x); });
+          } else {
+            xs.pairs([&](float x0, float x1) { px.template add2<true>(x0, x1); }, [&](float x) { px.template add1<true>(x); });
+          }
+          chosen = px.choose(F.lo, F.scale, gmin, gmax, g, a);
+        }
+      }
+    }
+    if constexpr (NA > 1) {
+      // finite groups the estimate could not certify: every factor's error summed exactly, a lane a
+      // factor (the whole warp, so a group costs one pass over its slots, not five)
+      if (!f.exact_search) exact_choices<NA>(F, xs, work && finite && !chosen, warp_lanes, levels, a, chosen);
+    }
+    if (work) {
       // At 1 and 2 bits, finite groups: codes by thresholds, unless one is not certified (then a quotient
       // a value); with kChoose every factor's thresholds choose the factor.
       constexpr bool kThresholds = BITS <= 2;
       constexpr int kL = kThresholds ? (1 << BITS) - 1 : 1;
-      int a = 0;
       if constexpr (NA > 1) {
         const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
-        bool chosen = false;
-        if (kChoose && kThresholds && finite) {
+        if (!chosen && kChoose && kThresholds && finite) {
           float X[NA][kL];
           bool ok = true;
 #pragma unroll
@@ -858,9 +948,20 @@ bool flush_quotients_only() {
   return v;
 }
 
+// SKVQ_CUDA_FLUSH=exact: the clip search sums every factor's error exactly
+// (no certified estimate first), for tests and side-by-side benchmarks.
+bool flush_exact_search() {
+  static const bool v = [] {
+    const char* e = std::getenv("SKVQ_CUDA_FLUSH");
+    return e != nullptr && std::string(e) == "exact";
+  }();
+  return v;
+}
+
 void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
   FlushParams f = flush;
   f.quotients_only = flush_quotients_only();
+  f.exact_search = flush_exact_search();
   const int P = side.G * f.group;
   // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
   int R = std::max(1, std::min(f.window, kThreadsTarget));

@@ -27,6 +27,9 @@ struct FlushParams {
   // 4- and 8-bit codes by the exact quotient only (no certified shortcut):
   // SKVQ_CUDA_FLUSH=quotients, for tests and side-by-side benchmarks
   bool quotients_only = false;
+  // the clip search's errors summed exactly for every group (no certified
+  // estimate first): SKVQ_CUDA_FLUSH=exact, for tests and benchmarks
+  bool exact_search = false;
 };
 
 // Permutations from chunk 0's rows (all `window` rows, sinks included).
