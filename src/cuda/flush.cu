@@ -781,7 +781,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
     const GroupSlots xs{rows + rl * L.stride + j0, g, L.units};
     constexpr float levels = static_cast<float>((1 << BITS) - 1);
     float gmin = 0.0f, gmax = 0.0f;
-    Factors<NA> F;
+    Factors<NA> F{};  // (zeros on lanes without a group: exact_choices reads every lane's)
     bool finite = false;
     int a = 0;
     bool chosen = NA == 1;
