@@ -92,6 +92,10 @@ struct DeviceCacheImpl {
     s.tail = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * cfg.window * D) * 2));
     s.sinks = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
     s.perm = cfg.reorder ? static_cast<int*>(alloc(static_cast<std::size_t>(H * D) * 4)) : nullptr;
+    // Zeroed too (small): to_host copies whole buffers, rows not yet written included, and a
+    // download should never read memory nothing wrote (compute-sanitizer initcheck).
+    SKVQ_CUDA_CHECK(cudaMemset(s.tail, 0, static_cast<std::size_t>(B * H * cfg.window * D) * 2));
+    SKVQ_CUDA_CHECK(cudaMemset(s.sinks, 0, static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
   }
   FlushParams flush_params(const __half* src, std::int64_t src_tokens, std::int64_t first, int n_chunks) const {
     FlushParams f;
