@@ -71,6 +71,14 @@ struct DeviceCacheImpl {
     allocated += static_cast<std::int64_t>(n);
     return p;
   }
+  // alloc, zero-filled: every buffer of the cache (slot 0's unused sink rows are read, and masked,
+  // by the tiled kernel; to_host downloads whole tail and sink buffers, rows not yet written
+  // included, and a download should never read memory nothing wrote: compute-sanitizer initcheck)
+  void* alloc_zeroed(std::size_t n) {
+    void* p = alloc(n);
+    SKVQ_CUDA_CHECK(cudaMemset(p, 0, n));
+    return p;
+  }
   ~DeviceCacheImpl() {
     for (void* p : allocations) cudaFree(p);
   }
@@ -82,20 +90,12 @@ struct DeviceCacheImpl {
     s.row_bytes = static_cast<std::int64_t>(D) * bits / 8;
     s.slot_codes = B * H * cfg.window * s.row_bytes;
     s.slot_meta = B * H * cfg.window * s.G * mb;
-    s.codes = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_codes)));
-    s.lo = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
-    s.scale = static_cast<unsigned char*>(alloc(static_cast<std::size_t>(slots * s.slot_meta)));
-    // Zeroed: slot 0's unused sink rows are read (and masked) by the tiled kernel.
-    SKVQ_CUDA_CHECK(cudaMemset(s.codes, 0, static_cast<std::size_t>(slots * s.slot_codes)));
-    SKVQ_CUDA_CHECK(cudaMemset(s.lo, 0, static_cast<std::size_t>(slots * s.slot_meta)));
-    SKVQ_CUDA_CHECK(cudaMemset(s.scale, 0, static_cast<std::size_t>(slots * s.slot_meta)));
-    s.tail = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * cfg.window * D) * 2));
-    s.sinks = static_cast<__half*>(alloc(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
+    s.codes = static_cast<unsigned char*>(alloc_zeroed(static_cast<std::size_t>(slots * s.slot_codes)));
+    s.lo = static_cast<unsigned char*>(alloc_zeroed(static_cast<std::size_t>(slots * s.slot_meta)));
+    s.scale = static_cast<unsigned char*>(alloc_zeroed(static_cast<std::size_t>(slots * s.slot_meta)));
+    s.tail = static_cast<__half*>(alloc_zeroed(static_cast<std::size_t>(B * H * cfg.window * D) * 2));
+    s.sinks = static_cast<__half*>(alloc_zeroed(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
     s.perm = cfg.reorder ? static_cast<int*>(alloc(static_cast<std::size_t>(H * D) * 4)) : nullptr;
-    // Zeroed too (small): to_host copies whole buffers, rows not yet written included, and a
-    // download should never read memory nothing wrote (compute-sanitizer initcheck).
-    SKVQ_CUDA_CHECK(cudaMemset(s.tail, 0, static_cast<std::size_t>(B * H * cfg.window * D) * 2));
-    SKVQ_CUDA_CHECK(cudaMemset(s.sinks, 0, static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
   }
   FlushParams flush_params(const __half* src, std::int64_t src_tokens, std::int64_t first, int n_chunks) const {
     FlushParams f;

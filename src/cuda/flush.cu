@@ -940,28 +940,21 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
 // (kThreadsTarget: 32 to 256 threads a block measured the same in session 10,
 // K2V2 g128 without the search: 1.21-1.22 ms for 2 x 131072 x 32 rows.)
 
-bool flush_quotients_only() {
-  static const bool v = [] {
+// SKVQ_CUDA_FLUSH (tests and side-by-side benchmarks): "quotients", 4- and
+// 8-bit codes by the exact quotient only; "exact", the clip search sums every
+// factor's error exactly (no certified estimate first).
+const std::string& flush_mode() {
+  static const std::string v = [] {
     const char* e = std::getenv("SKVQ_CUDA_FLUSH");
-    return e != nullptr && std::string(e) == "quotients";
-  }();
-  return v;
-}
-
-// SKVQ_CUDA_FLUSH=exact: the clip search sums every factor's error exactly
-// (no certified estimate first), for tests and side-by-side benchmarks.
-bool flush_exact_search() {
-  static const bool v = [] {
-    const char* e = std::getenv("SKVQ_CUDA_FLUSH");
-    return e != nullptr && std::string(e) == "exact";
+    return std::string(e != nullptr ? e : "");
   }();
   return v;
 }
 
 void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
   FlushParams f = flush;
-  f.quotients_only = flush_quotients_only();
-  f.exact_search = flush_exact_search();
+  f.quotients_only = flush_mode() == "quotients";
+  f.exact_search = flush_mode() == "exact";
   const int P = side.G * f.group;
   // rows per block: a thread per row (looping over its groups), up to kThreadsTarget rows, at most 64 KiB of shared memory
   int R = std::max(1, std::min(f.window, kThreadsTarget));
