@@ -18,6 +18,7 @@
 
 #include "cuda/clip_proxy.hpp"
 #include "cuda/fast_div.hpp"
+#include "cuda/split_rule.hpp"
 #include "cuda/selfcheck.hpp"
 #include "ref/attention.hpp"
 #include "ref/meta.hpp"
@@ -118,6 +119,38 @@ TEST(Cuda, FastDivMatchesDivision) {
     }
   }
   EXPECT_EQ(bad, 0u);
+}
+
+// The attention kernels' split count (cuda/split_rule.hpp), on the host: the
+// count is one a launch really makes (ceil(tiles / s) tiles a split give s
+// splits), within [1, min(256, tiles)], and no count in that range, taken as
+// launched, costs less under the model; more resident blocks never make the
+// chosen cost higher. And against session 21's sweep (B=32 Hkv=8, 5 blocks an
+// SM on 132 SMs): at 32k the sweep's best were 4-6 splits, at 128k fewer,
+// longer blocks measured slower. Needs no GPU.
+TEST(Cuda, SplitRuleMinimisesItsCostAsLaunched) {
+  std::mt19937 rng(23);
+  for (int i = 0; i < 3000; ++i) {
+    const std::int64_t heads = 1 + rng() % 1024, tiles = 1 + rng() % (i % 3 == 0 ? 40 : 5000), slots = 1 + rng() % 1200;
+    const cuda::SplitChoice c = cuda::choose_split_count(heads, tiles, slots);
+    const std::string what = "heads " + std::to_string(heads) + " tiles " + std::to_string(tiles) + " slots " + std::to_string(slots);
+    ASSERT_GE(c.splits, 1) << what;
+    ASSERT_LE(c.splits, std::min<std::int64_t>(256, tiles)) << what;
+    const std::int64_t per = (tiles + c.splits - 1) / c.splits;
+    ASSERT_EQ(per, c.tiles_per_split) << what;
+    ASSERT_EQ((tiles + per - 1) / per, c.splits) << what << ": launched as another count";
+    ASSERT_EQ(c.waves, (heads * c.splits + slots - 1) / slots) << what;
+    for (std::int64_t s = 1; s <= std::min<std::int64_t>(256, tiles); ++s) {
+      const std::int64_t ps = (tiles + s - 1) / s, launched = (tiles + ps - 1) / ps;
+      const double cost = static_cast<double>((heads * launched + slots - 1) / slots) * (2.0 + static_cast<double>(ps));
+      ASSERT_GE(cost, c.cost) << what << ": " << s << " splits cost less";
+    }
+    EXPECT_LE(cuda::choose_split_count(heads, tiles, slots + 1 + rng() % 500).cost, c.cost) << what;
+  }
+  const cuda::SplitChoice at32k = cuda::choose_split_count(256, 255, 660), at128k = cuda::choose_split_count(256, 1023, 660);
+  EXPECT_GE(at32k.splits, 4);
+  EXPECT_LE(at32k.splits, 6);
+  EXPECT_GT(at128k.splits, 6);
 }
 
 // The flush's certified clip choice (cuda/clip_proxy.hpp) on the host: for
@@ -480,9 +513,10 @@ void expect_close(const SkvqCache& cpu, const TensorView& q, const TensorView& k
         const PackedBound pb = packed_bound(cpu, q, scale, b, hq, i, G);
         const double vb = std::max(rs.vmax, pb.av);
         const double ds = static_cast<double>(D + 16) * u * (2 * rs.s_abs + pb.ak) + pb.qk;
-        // + the 16-bit value weights of the pipelined kernels: blocks of at most 32 tokens rounded to
-        // 65535 steps, against 64 tokens and 65024 steps in pb.vq (pb.vq / 4)
-        const double tol = ((std::exp(2 * ds) - 1) + 2 * static_cast<double>(T + 16) * u + 8 * u + 4 * 0x1p-22) * vb + pb.vq / 4;
+        // + the 16-bit value weights of the pipelined kernels: blocks of at most 64 tokens (32, but 64
+        // in the token-major kernel with 2-bit values, which takes two tiles at once) rounded to 65535
+        // steps, against 128 tokens and 64000 steps in pb.vq (pb.vq / 2)
+        const double tol = ((std::exp(2 * ds) - 1) + 2 * static_cast<double>(T + 16) * u + 8 * u + 4 * 0x1p-22) * vb + pb.vq / 2;
         for (std::int64_t d = 0; d < got.shape[3]; ++d) {
           ASSERT_NEAR(got.at(b, hq, i, d), want.at(b, hq, i, d), tol) << what << " at [" << b << "," << hq << "," << i << "," << d << "]";
         }
@@ -511,6 +545,27 @@ TEST(Cuda, AttentionMatchesCpuReference) {
   }
 }
 
+// Attention of Hq query heads (Sq rows each) over the first len tokens, with each forced split count
+// through the device entry point, against the CPU reference.
+void expect_splits_match(const SkvqCache& cpu, cuda::DeviceCache& gpu, const Tensor& k, const Tensor& v, std::int64_t len,
+                         std::int64_t Hq, std::int64_t Sq, std::initializer_list<int> split_counts, const std::string& what) {
+  Tensor q = randn({1, Hq, Sq, 128}, static_cast<std::uint32_t>(len * 7 + Hq), DType::f32);
+  const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+  float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
+  float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
+  cuda::copy_to_device(dq, q.data(), q.nbytes());
+  for (int splits : split_counts) {
+    gpu.attend_device(dq, static_cast<int>(Hq), static_cast<int>(Sq), 0.1f, dout, splits);
+    Tensor got(DType::f32, want.shape());
+    cuda::copy_to_host(got.data(), dout, got.nbytes());
+    expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), 0.1f, got.view(), want.view(),
+                 what + " len " + std::to_string(len) + " Hq " + std::to_string(Hq) + " Sq " + std::to_string(Sq) + " splits " +
+                     std::to_string(splits));
+  }
+  cuda::device_free(dq);
+  cuda::device_free(dout);
+}
+
 TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
   REQUIRE_GPU();
   const Config cfg = gpu_config(64, 5, 128, 2, 2, MetaType::fp16);
@@ -522,22 +577,30 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
     cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
     fed = len;
-    for (std::int64_t Hq : {16, 2}) {  // grouped-query (8 rows a KV head) and multi-head (1 row)
-      Tensor q = randn({1, Hq, 1, 128}, static_cast<std::uint32_t>(len), DType::f32);
-      const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
-      // forced split counts through the device entry point
-      float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
-      float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
-      cuda::copy_to_device(dq, q.data(), q.nbytes());
-      for (int splits : {0, 1, 3, 17}) {
-        gpu.attend_device(dq, static_cast<int>(Hq), 1, 0.1f, dout, splits);
-        Tensor got(DType::f32, want.shape());
-        cuda::copy_to_host(got.data(), dout, got.nbytes());
-        expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), 0.1f, got.view(), want.view(),
-                     "len " + std::to_string(len) + " Hq " + std::to_string(Hq) + " splits " + std::to_string(splits));
-      }
-      cuda::device_free(dq);
-      cuda::device_free(dout);
+    // grouped-query (8 rows a KV head: query-major kernel; 4 rows: token-major kernel) and multi-head (1 row)
+    for (std::int64_t Hq : {16, 8, 2}) expect_splits_match(cpu, gpu, k, v, len, Hq, 1, {0, 1, 3, 17}, "window 64");
+  }
+}
+
+// The token-major kernel (3-4 query rows a KV head) with 2-bit keys and values takes its tiles two
+// at a time: blocks of even and odd tile counts (forced splits), sinks and causal limits inside a
+// pair, each group size, windows that are and are not a multiple of the tile.
+TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
+  REQUIRE_GPU();
+  for (const auto& [window, group] : {std::pair{128, 128}, std::pair{128, 32}, std::pair{256, 64}, std::pair{64, 128}}) {
+    const Config cfg = gpu_config(window, 5, group, 2, 2, MetaType::fp16);
+    constexpr std::int64_t kMax = 1700;
+    Tensor k = randn({1, 2, kMax, 128}, 11, DType::f16, true), v = randn({1, 2, kMax, 128}, 12, DType::f16);
+    SkvqCache cpu(cfg);
+    cuda::DeviceCache gpu(cfg, 1, 2, 128, kMax);
+    std::int64_t fed = 0;
+    for (std::int64_t len : {300, 640, 641, 1023, 1024, 1700}) {
+      cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      fed = len;
+      const std::string what = "window " + std::to_string(window) + " group " + std::to_string(group);
+      expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 2, 3, 5}, what);  // 4 rows a KV head
+      expect_splits_match(cpu, gpu, k, v, len, 4, 2, {1, 2, 3}, what);        // 2 heads x 2 tokens (causal)
     }
   }
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cuda/common.cuh"
+#include "cuda/split_rule.hpp"
 #include "cuda/device_state.cuh"
 #include "cuda/kernels.cuh"
 
@@ -686,8 +687,13 @@ struct WarpCopy {
 // compile time (rows of D = 128 codes are 16 KB bytes); otherwise a tile is
 // copied in as few runs of rows as the slots it spans allow, rows past t_end
 // not copied (the last tile may be partial).
-template <int TILE, int KB, int VB, int META_ROW = 0>
+// STAGES: the ring's depth (kStages, or one more for a kernel that holds two
+// tiles at once); copies run two tiles ahead either way, so with STAGES = 4 a
+// block may acquire tile + 1 while still reading tile (the refill goes to the
+// stage of tile - 1).
+template <int TILE, int KB, int VB, int META_ROW = 0, int STAGES = kStages>
 struct TileStream {  // META_ROW: metadata bytes a token and side when known at compile time (else 0)
+  static_assert(STAGES == kStages || STAGES == kStages + 1, "copies two tiles ahead");
   const AttnParams& p;
   const FastLayout<TILE>& lay;
   unsigned char* ring;
@@ -775,14 +781,16 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
       cp_async_commit();
     }
   }
-  // Tiles are acquired in order; the stage of tile + kStages - 1 is that of tile - 1.
+  // Tiles are acquired in order; tile + kStages - 1 goes to the stage of tile + kStages - 1 - STAGES
+  // (tile - 1 with the usual depth, tile - 2 with one stage more).
   __device__ const unsigned char* acquire(int tile) const {
     cp_async_wait_stages();
     __syncthreads();
-    if (tile + kStages - 1 < n_tiles) issue(tile + kStages - 1, acq == 0 ? kStages - 1 : acq - 1);
+    constexpr int kAhead = kStages - 1;
+    if (tile + kAhead < n_tiles) issue(tile + kAhead, acq + kAhead >= STAGES ? acq + kAhead - STAGES : acq + kAhead);
     cp_async_commit();
     const unsigned char* stage = ring + acq * lay.stage;
-    acq = acq == kStages - 1 ? 0 : acq + 1;
+    acq = acq == STAGES - 1 ? 0 : acq + 1;
     return stage;
   }
 };
@@ -1451,7 +1459,7 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
 }
 
-template <int KB, int VB, int META, int GS>
+template <int KB, int VB, int META, int GS, bool PAIR = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
@@ -1493,7 +1501,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const TileStream<kFastTile, KB, VB, kMetaRow> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : kStages> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -1583,15 +1591,26 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) qg[ks / spg] = ks % spg == 0 ? qs[ks] : qg[ks / spg] + qs[ks];
 
-  // One warp's 32 tokens of a tile; FULL: every one of them is live and unmasked for every row.
-  auto warp_tile = [&](const unsigned char* stage, int lo, int hi, int live, auto full) {
+  // One warp's 32 tokens of each of H tiles (H = 2 with PAIR: two tiles acquired together, their 64
+  // tokens sharing one online-softmax step, one weight block per value metadata group and one
+  // integer-to-float conversion of each value sum, the MMAs of both accumulating in one register
+  // set); FULL: every token is live and unmasked for every row.
+  struct Half {
+    const unsigned char* stage;
+    int lo, hi, live;  // unmasked local tokens [lo, hi]; rows [0, live) hold tokens
+  };
+  auto warp_tile = [&](const Half(&hv)[2], auto halves, auto full) {
+    constexpr int H = decltype(halves)::value;
     constexpr bool FULL = decltype(full)::value;
     const int base = warp * 32;
 
-    // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g
-    float s[2][2];
+    // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g of tile h, in s[2 h + mt][i]
+    float s[2 * H][2];
+#pragma unroll
+    for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
+      const unsigned char* stage = hv[h].stage;
       const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
       unsigned sl0[4][2], sl1[4][2];  // rows g (token k0) and g + 8, each k-step's two slices
       if constexpr (tmma_wide_keys<KB, GS>()) {
@@ -1631,13 +1650,13 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int local = base + 16 * mt + 8 * i + g;
-        s[mt][i] = (FULL || (local >= lo && local <= hi)) ? sc[i] : -INFINITY;
+        s[2 * h + mt][i] = (FULL || (local >= hv[h].lo && local <= hv[h].hi)) ? sc[i] : -INFINITY;
       }
     }
 
-    // online softmax of row t over the 32 tokens (its 8 lanes: xor 4, 8, 16)
-    float pw[2][2];
-    const float corr = softmax_step<2, 4, 8, 16>(s, m, l, pw);
+    // online softmax of row t over the 32 H tokens (its 8 lanes: xor 4, 8, 16)
+    float pw[2 * H][2];
+    const float corr = softmax_step<2 * H, 4, 8, 16>(s, m, l, pw);
     if (corr != 1.0f) {
 #pragma unroll
       for (int v = 0; v < 4; ++v) lacc[v] *= corr;
@@ -1648,81 +1667,92 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
-    unsigned wb[2] = {0, 0};
-    [[maybe_unused]] unsigned vword[2][4];  // GS 128: a word of 4 rows, transposed
+    unsigned wb[H][2] = {};
+    [[maybe_unused]] unsigned vword[H][2][4];  // GS 128: a word of 4 rows, transposed
     float vsw = 0.0f;
 #pragma unroll
     for (int set = 0; set < kSets; ++set) {
       constexpr int kSetCh = 8 * PV;  // channels of a byte set
       if ((set * kSetCh) % GS == 0) {  // a new value metadata group: the weights of row t, then W^T
         const int vgrp = (set * kSetCh) / GS;
-        float u[2][2], umax = 0.0f, lsum = 0.0f;
+        float u[H][2][2], umax = 0.0f, lsum = 0.0f;
+#pragma unroll
+        for (int h = 0; h < H; ++h)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int local = base + 16 * mt + 8 * i + g;
             const int mo = ((local << kgs) + vgrp) * mb;
-            const bool ok = FULL || local < live;
-            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
-            const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
-            u[mt][i] = pw[mt][i] * vs;
-            umax = fmaxf(umax, u[mt][i]);
-            lsum = fmaf(pw[mt][i], vl, lsum);
+            const bool ok = FULL || local < hv[h].live;
+            const float vs = ok ? load_meta(hv[h].stage + lay.vsc + mo, META) : 0.0f;
+            const float vl = ok ? load_meta(hv[h].stage + lay.vlo + mo, META) : 0.0f;
+            u[h][mt][i] = pw[2 * h + mt][i] * vs;
+            umax = fmaxf(umax, u[h][mt][i]);
+            lsum = fmaf(pw[2 * h + mt][i], vl, lsum);
           }
         lacc[vgrp] += lsum;
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 8));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 16));
         const W16 w16 = w16_fast(umax);
-        unsigned r[2][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int h = 0; h < H; ++h) {
+          unsigned r[2][2];
 #pragma unroll
-          for (int i = 0; i < 2; ++i) r[mt][i] = w16.round_low16(u[mt][i]);  // pick_bytes4 takes bytes 0, 1
-        // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
-        // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
-        const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
-        unsigned v0[4], v1[4];
+          for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          v0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
-          v1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
+            for (int i = 0; i < 2; ++i) r[mt][i] = w16.round_low16(u[h][mt][i]);  // pick_bytes4 takes bytes 0, 1
+          // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
+          // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
+          const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
+          unsigned v0[4], v1[4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            v0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
+            v1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
+          }
+          wb[h][0] = pick_bytes4(v0[0], v0[1], v0[2], v0[3], wsel);
+          wb[h][1] = pick_bytes4(v1[0], v1[1], v1[2], v1[3], wsel);
         }
-        wb[0] = pick_bytes4(v0[0], v0[1], v0[2], v0[3], wsel);
-        wb[1] = pick_bytes4(v1[0], v1[1], v1[2], v1[3], wsel);
         vsw = w16.step;  // row t's step: the C columns of this lane are row t's
       }
       // V^T rows g / g + 8: byte tmma_vbyte(set, g) of the row, slices 2 q and 2 q + 1, at tokens 8 j + t
       // (a0, a1) and 8 j + 4 + t (a2, a3)
-      unsigned x[2];
-      if constexpr (GS == 128) {
-        // One group a row: set 4 u + b is byte b of word g + 8 u, so a lane loads that word of its 4
-        // rows once for 4 sets and transposes it (4 loads and 8 byte permutes per 4 sets instead of
-        // 16 loads and 12 permutes of single-byte gathers).
-        if (set % 4 == 0) {
+      unsigned x[H][2];
+#pragma unroll
+      for (int h = 0; h < H; ++h) {
+        if constexpr (GS == 128) {
+          // One group a row: set 4 u + b is byte b of word g + 8 u, so a lane loads that word of its 4
+          // rows once for 4 sets and transposes it (4 loads and 8 byte permutes per 4 sets instead of
+          // 16 loads and 12 permutes of single-byte gathers).
+          if (set % 4 == 0) {
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const unsigned char* vr = hv[h].stage + lay.vc + (base + 4 * half + t) * vrow + (tmma_vbyte<GS>(set, g) & ~3);
+              const auto w = [vr](int j) { return *reinterpret_cast<const unsigned*>(vr + j * 8 * vrow); };
+              transpose_bytes4x4(w(0), w(1), w(2), w(3), vword[h][half]);
+            }
+          }
+          x[h][0] = vword[h][0][set % 4], x[h][1] = vword[h][1][set % 4];
+        } else {
+          const int wofs = tmma_vbyte<GS>(set, g) & ~3;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + (tmma_vbyte<GS>(set, g) & ~3);
-            const auto w = [vr](int j) { return *reinterpret_cast<const unsigned*>(vr + j * 8 * vrow); };
-            transpose_bytes4x4(w(0), w(1), w(2), w(3), vword[half]);
+            const unsigned char* vr = hv[h].stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
+            x[h][half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
           }
-        }
-        x[0] = vword[0][set % 4], x[1] = vword[1][set % 4];
-      } else {
-        const int wofs = tmma_vbyte<GS>(set, g) & ~3;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const unsigned char* vr = stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
-          x[half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
         }
       }
 #pragma unroll
       for (int q = 0; q < kPairs; ++q) {
         const unsigned m0 = kMaskV << (2 * q * VB), m1 = kMaskV << ((2 * q + 1) * VB);
-        const unsigned a[4] = {x[0] & m0, x[0] & m1, x[1] & m0, x[1] & m1};
         int c[4] = {0, 0, 0, 0};
-        imma<false, false>(c, a, wb[0], wb[1]);
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+          const unsigned a[4] = {x[h][0] & m0, x[h][0] & m1, x[h][1] & m0, x[h][1] & m1};
+          imma<false, false>(c, a, wb[h][0], wb[h][1]);
+        }
         // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1
         const float u0 = vsw * __uint_as_float(static_cast<unsigned>(127 - 2 * q * VB) << 23);
         const float u1 = vsw * __uint_as_float(static_cast<unsigned>(127 - (2 * q + 1) * VB) << 23);
@@ -1742,15 +1772,34 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     full_lo = __reduce_max_sync(0xffffffffu, x <= 0 ? 0 : (x + kFastTile - 1) / kFastTile);
     full_hi = __reduce_min_sync(0xffffffffu, y < 0 ? -1 : y / kFastTile);
   }
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  const auto masked = [&](const unsigned char* stage, int tile) {
+    const int tb = tile * kFastTile;
+    const int live = min(span - tb, kFastTile);
+    const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
+    return Half{stage, rel(sink_off), min(rel(limit_off), live - 1), live};
+  };
+  int tile = 0;
+  if constexpr (PAIR) {
+    for (; tile + 1 < n_tiles; tile += 2) {
+      const unsigned char* s0 = tiles.acquire(tile);
+      const unsigned char* s1 = tiles.acquire(tile + 1);
+      if (tile >= full_lo && tile + 1 <= full_hi) {
+        const Half hv[2] = {{s0, 0, kFastTile - 1, kFastTile}, {s1, 0, kFastTile - 1, kFastTile}};
+        warp_tile(hv, std::integral_constant<int, 2>{}, std::true_type{});
+      } else {
+        const Half hv[2] = {masked(s0, tile), masked(s1, tile + 1)};
+        warp_tile(hv, std::integral_constant<int, 2>{}, std::false_type{});
+      }
+    }
+  }
+  for (; tile < n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
     if (tile >= full_lo && tile <= full_hi) {
-      warp_tile(stage, 0, kFastTile - 1, kFastTile, std::true_type{});
+      const Half hv[2] = {{stage, 0, kFastTile - 1, kFastTile}, {stage, 0, kFastTile - 1, kFastTile}};
+      warp_tile(hv, std::integral_constant<int, 1>{}, std::true_type{});
     } else {
-      const int tb = tile * kFastTile;
-      const int live = min(span - tb, kFastTile);
-      const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
-      warp_tile(stage, rel(sink_off), min(rel(limit_off), live - 1), live, std::false_type{});
+      const Half hv[2] = {masked(stage, tile), masked(stage, tile)};
+      warp_tile(hv, std::integral_constant<int, 1>{}, std::false_type{});
     }
   }
 
@@ -2262,6 +2311,22 @@ Body body_kernel(const AttnParams& p) {
   return rs && rows <= 2 ? Body::rs : Body::fast;
 }
 
+// Whether the token-major kernel takes its tiles two at a time (attn_tmma_kernel's PAIR): with 2-bit
+// keys and values, where the per-tile work it halves is a visible share, and metadata groups of 64
+// or 128 channels, where the ring's extra stage still leaves five blocks an SM (at groups of 32 it
+// leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32; docs/performance.md, session 23).
+// SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks).
+constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
+bool tmma_pair(const AttnParams& p) {
+  static const bool on = [] {
+    const char* e = std::getenv("SKVQ_CUDA_TMMA_PAIR");
+    return !(e && std::string(e) == "0");
+  }();
+  return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && body_kernel(p) == Body::tmma;
+}
+// The depth of the pipelined kernel's shared-memory ring (one stage more when it holds two tiles).
+int fast_stages(const AttnParams& p) { return tmma_pair(p) ? kStages + 1 : kStages; }
+
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
   switch (body_kernel(p)) {
@@ -2284,6 +2349,13 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   };
   if constexpr (VB == 2 || VB == 4) {
     if (body_kernel(p) == Body::tmma) {
+      if constexpr (tmma_pairs(KB, VB, 64)) {
+        if (tmma_pair(p)) {
+          if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64, true>, attn_tmma_kernel<KB, VB, 1, 64, true>, attn_tmma_kernel<KB, VB, 2, 64, true>);
+          else by_meta(attn_tmma_kernel<KB, VB, 0, 128, true>, attn_tmma_kernel<KB, VB, 1, 128, true>, attn_tmma_kernel<KB, VB, 2, 128, true>);
+          return;
+        }
+      }
       if (p.group == 32) by_meta(attn_tmma_kernel<KB, VB, 0, 32>, attn_tmma_kernel<KB, VB, 1, 32>, attn_tmma_kernel<KB, VB, 2, 32>);
       else if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64>, attn_tmma_kernel<KB, VB, 1, 64>, attn_tmma_kernel<KB, VB, 2, 64>);
       else by_meta(attn_tmma_kernel<KB, VB, 0, 128>, attn_tmma_kernel<KB, VB, 1, 128>, attn_tmma_kernel<KB, VB, 2, 128>);
@@ -2318,7 +2390,7 @@ template <int KB, int VB>
 void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
-  const int smem = kStages * FastLayout<kFastTile>(p).stage;
+  const int smem = fast_stages(p) * FastLayout<kFastTile>(p).stage;
   for (int row = 0; row < n_rows;) {
     const int nq = fast_rows_per_launch(p, n_rows - row);
     with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
@@ -2335,7 +2407,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
 // per (kernel, shared memory): a host calculation per call otherwise.
 template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
-  const int smem = kStages * FastLayout<kFastTile>(p).stage;
+  const int smem = fast_stages(p) * FastLayout<kFastTile>(p).stage;
   int blocks = 0;
   with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, (p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
     static std::mutex mu;
@@ -2378,24 +2450,31 @@ int fast_blocks_per_sm(const AttnParams& p) {
   return blocks;
 }
 
-// Splits of the packed body for the pipelined kernel: the count whose blocks
-// fill the last wave best (the blocks resident at once come from the
-// occupancy calculator), with a small cost per split (prologue, partials).
+// Splits of the packed body for the pipelined kernel: the cost model of cuda/split_rule.hpp
+// (waves of resident blocks, a fixed cost a block). SKVQ_CUDA_SPLIT_RULE=fill keeps the rule before
+// session 23 (the last wave's fill, less 0.002 a split), for benchmarks.
 int choose_fast_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   int sms = 132, dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const double slots = static_cast<double>(sms) * fast_blocks_per_sm(p);
+  const std::int64_t slots = static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
-  const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / kFastTile));
-  int best = 1;
-  double best_score = -1e30;
-  for (std::int64_t s = 1; s <= max_splits; ++s) {
-    const double blocks = static_cast<double>(heads * s), waves = std::ceil(blocks / slots);
-    const double score = blocks / (waves * slots) - 0.002 * static_cast<double>(s);
-    if (score > best_score) best_score = score, best = static_cast<int>(s);
+  static const bool fill_rule = [] {
+    const char* e = std::getenv("SKVQ_CUDA_SPLIT_RULE");
+    return e && std::string(e) == "fill";
+  }();
+  if (fill_rule) {
+    const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / kFastTile));
+    int best = 1;
+    double best_score = -1e30;
+    for (std::int64_t s = 1; s <= max_splits; ++s) {
+      const double blocks = static_cast<double>(heads * s), waves = std::ceil(blocks / static_cast<double>(slots));
+      const double score = blocks / (waves * static_cast<double>(slots)) - 0.002 * static_cast<double>(s);
+      if (score > best_score) best_score = score, best = static_cast<int>(s);
+    }
+    return best;
   }
-  return best;
+  return choose_split_count(heads, (p.q_end + kFastTile - 1) / kFastTile, slots).splits;
 }
 
 template <int KB, int VB, bool DENSE>

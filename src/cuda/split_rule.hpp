@@ -1,0 +1,47 @@
+// How many splits (blocks per KV head) the pipelined attention kernels take
+// over a packed body of `tiles` tiles: blocks run in waves of `slots` resident
+// at once (SMs x blocks an SM, from the occupancy calculator), and a block
+// costs its tiles plus a fixed part (prologue, the first copies' latency, the
+// merge, the combine's work for its partial) of about `block_tiles` tiles
+// (session 21's sweep at B=32 Hkv=8 32k grew by ~7 ns a block, about two
+// tiles' work). The count chosen is the one, as launched (a split holds
+// ceil(tiles / s) whole tiles, so some counts launch as fewer), with the
+// fewest waves x (block_tiles + tiles a split); the fewer splits on a tie.
+// Host-only and free of CUDA so that the host tests check it.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace skvq::cuda {
+
+struct SplitChoice {
+  int splits = 1;
+  std::int64_t tiles_per_split = 1, waves = 1;
+  double cost = 0;
+};
+
+// The cost of s splits (tiles per split as launched; waves of heads x s blocks).
+inline SplitChoice split_cost(std::int64_t heads, std::int64_t tiles, std::int64_t slots, int s, double block_tiles) {
+  SplitChoice c;
+  c.splits = s;
+  c.tiles_per_split = (tiles + s - 1) / s;
+  c.waves = (heads * s + slots - 1) / slots;
+  c.cost = static_cast<double>(c.waves) * (block_tiles + static_cast<double>(c.tiles_per_split));
+  return c;
+}
+
+inline SplitChoice choose_split_count(std::int64_t heads, std::int64_t tiles, std::int64_t slots, double block_tiles = 2.0,
+                                      int max_splits = 256) {
+  heads = std::max<std::int64_t>(1, heads), tiles = std::max<std::int64_t>(1, tiles), slots = std::max<std::int64_t>(1, slots);
+  SplitChoice best = split_cost(heads, tiles, slots, 1, block_tiles);
+  const std::int64_t top = std::min<std::int64_t>(max_splits, tiles);
+  for (std::int64_t s = 2; s <= top; ++s) {
+    const SplitChoice c = split_cost(heads, tiles, slots, static_cast<int>(s), block_tiles);
+    if ((tiles + c.tiles_per_split - 1) / c.tiles_per_split != s) continue;  // launched as fewer splits: counted there
+    if (c.cost < best.cost) best = c;
+  }
+  return best;
+}
+
+}  // namespace skvq::cuda
