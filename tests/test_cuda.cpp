@@ -582,25 +582,26 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
   }
 }
 
-// The token-major kernel (3-4 query rows a KV head) with 2-bit keys and values takes its tiles two
-// at a time: blocks of even and odd tile counts (forced splits), sinks and causal limits inside a
-// pair, each group size, windows that are and are not a multiple of the tile.
+// The token-major kernel (3-4 query rows a KV head) with 2-bit keys and values and groups of 64 or
+// 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks of even and odd tile
+// counts and of fewer than 16 (forced splits), sinks and causal limits inside a pair, windows that
+// are and are not a multiple of the tile; groups of 32 (one tile at a time) beside them.
 TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   REQUIRE_GPU();
   for (const auto& [window, group] : {std::pair{128, 128}, std::pair{128, 32}, std::pair{256, 64}, std::pair{64, 128}}) {
     const Config cfg = gpu_config(window, 5, group, 2, 2, MetaType::fp16);
-    constexpr std::int64_t kMax = 1700;
+    constexpr std::int64_t kMax = 5000;
     Tensor k = randn({1, 2, kMax, 128}, 11, DType::f16, true), v = randn({1, 2, kMax, 128}, 12, DType::f16);
     SkvqCache cpu(cfg);
     cuda::DeviceCache gpu(cfg, 1, 2, 128, kMax);
     std::int64_t fed = 0;
-    for (std::int64_t len : {300, 640, 641, 1023, 1024, 1700}) {
+    for (std::int64_t len : {300, 2100, 2177, 4095, 4096, 5000}) {
       cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
       gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
       fed = len;
       const std::string what = "window " + std::to_string(window) + " group " + std::to_string(group);
-      expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 2, 3, 5}, what);  // 4 rows a KV head
-      expect_splits_match(cpu, gpu, k, v, len, 4, 2, {1, 2, 3}, what);        // 2 heads x 2 tokens (causal)
+      expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 2, 3}, what);  // 4 rows a KV head
+      expect_splits_match(cpu, gpu, k, v, len, 4, 2, {1, 2}, what);        // 2 heads x 2 tokens (causal)
     }
   }
 }

@@ -2315,14 +2315,20 @@ Body body_kernel(const AttnParams& p) {
 // keys and values, where the per-tile work it halves is a visible share, and metadata groups of 64
 // or 128 channels, where the ring's extra stage still leaves five blocks an SM (at groups of 32 it
 // leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32; docs/performance.md, session 23).
+// And only where a block has at least kPairMinTiles tiles: with short blocks (B=1 Hkv=8: 4 tiles at
+// 32k, 13 at 128k) waiting for two tiles before the first work measured 3-6% slower, with 26 (B=8
+// Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster. p.split_len is 0 while the split count is chosen,
+// so the occupancy comes from the one-tile kernel: the same, at five blocks an SM.
 // SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks).
 constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
+constexpr std::int64_t kPairMinTiles = 16;
 bool tmma_pair(const AttnParams& p) {
   static const bool on = [] {
     const char* e = std::getenv("SKVQ_CUDA_TMMA_PAIR");
     return !(e && std::string(e) == "0");
   }();
-  return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && body_kernel(p) == Body::tmma;
+  return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= kPairMinTiles * kFastTile &&
+         body_kernel(p) == Body::tmma;
 }
 // The depth of the pipelined kernel's shared-memory ring (one stage more when it holds two tiles).
 int fast_stages(const AttnParams& p) { return tmma_pair(p) ? kStages + 1 : kStages; }
