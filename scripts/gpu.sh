@@ -25,8 +25,8 @@ for m in fast rs imma tmma; do
   SKVQ_CUDA_BODY=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_$m.txt" 2>&1
   grep -E "Failure|FAILED|PASSED" "$out/tests_$m.txt" | head -n 10
 done
-echo "== GPU tests, the pipelined kernels one tile at a time (SKVQ_CUDA_PAIR=0)"
-SKVQ_CUDA_PAIR=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopair.txt" 2>&1
+echo "== GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)"
+SKVQ_CUDA_TMMA_PAIR=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopair.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_nopair.txt" | head -n 10
 echo "== GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)"
 SKVQ_CUDA_FLUSH=quotients "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' > "$out/tests_quotients.txt" 2>&1

@@ -492,22 +492,11 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, 
 // Merges the block's 16 groups (each its own max, sum, accumulators) in
 // shared memory and writes one partial (max, sum, acc in the values' permuted
 // order) per query row to the workspace.
-// RING: the accumulators go through the (drained) tile ring instead of a static buffer, which
-// leaves the block's shared memory to the ring (the caller's ring holds kGroups x NQ x kD floats).
-template <int NQ, int VB, bool RING = false>
+template <int NQ, int VB>
 __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int out_split, int b, int h, int lane, int grp,
-                                              const GroupState<NQ, VB>& st, unsigned char* ring = nullptr) {
+                                              const GroupState<NQ, VB>& st) {
   __shared__ float sm_m[kGroups][NQ], sm_l[kGroups][NQ];
-  float(*sm_acc)[NQ][kD];
-  if constexpr (RING) {
-    // every copy into the ring has landed and no warp reads a stage any more after the barrier
-    asm volatile("cp.async.wait_all;\n" ::);
-    __syncthreads();
-    sm_acc = reinterpret_cast<float(*)[NQ][kD]>(ring);
-  } else {
-    __shared__ float sm_acc_static[kGroups][NQ][kD];
-    sm_acc = sm_acc_static;
-  }
+  __shared__ float sm_acc[kGroups][NQ][kD];
 #pragma unroll
   for (int n = 0; n < NQ; ++n) {
     if (lane == 0) sm_m[grp][n] = st.m[n], sm_l[grp][n] = st.l[n];
@@ -904,15 +893,11 @@ __device__ __forceinline__ T reduce_scatter8(const T (&x)[8], int lane) {
 // (its own tokens) and is summed over the group at the end, as is the value
 // minima's sum lacc at group 128 (smaller groups: each lane's own).
 // Every shuffle runs on all 32 lanes: nothing that precedes one branches.
-// PAIR (one metadata group a row): each group takes its 8 tokens of two tiles at a time (a lane
-// scores one token of each), with one softmax step, one 16-bit weight block of 16 tokens and one
-// integer-to-float conversion of each channel's value sums for both; the ring has a fourth stage.
-template <int KB, int VB, int NQ, int META, int GS, bool PAIR = false>
+template <int KB, int VB, int NQ, int META, int GS>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
   static_assert(NQ == 1 || NQ == 2, "one or two query rows");
-  static_assert(!PAIR || GS == 128, "pairs of tiles at one metadata group a row");
   constexpr int kSub = kFastTile / kGroups;  // 8 tokens per group and tile: one per lane
   static_assert(kSub == kLanes, "one token per lane");
   const FastLayout<kFastTile> lay(p);
@@ -926,147 +911,113 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   // query setup that waits for the loads (it overlaps the copies).
   GroupState<NQ, VB> st;
   st.init(p, b, h, row0, lane, p.k.perm ? p.k.perm + h * kD : nullptr);
-  const TileStream<kFastTile, KB, VB, 0, PAIR ? kStages + 1 : kStages> tiles(p, lay, ring, bh, split);
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
   st.template init_int<KB>(p);
   float qsum[NQ];  // the whole row's sum of q (times the key minimum: one group)
 #pragma unroll
   for (int n = 0; n < NQ; ++n) qsum[n] = group_sum(st.qs[n]);
   const bool b4 = lane & 4, b2 = lane & 2, b1 = lane & 1;
-  const int mine = lane * kGroups + grp;  // the token this lane scores (local row of a tile)
-  const int kgrp = (lane * kCPL) / GS;    // this lane's metadata group (GS < 128)
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);
+    const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);
+    auto rel = [t0](std::int64_t t) { return static_cast<int>(t < t0 ? -1 : t - t0 > kFastTile ? kFastTile : t - t0); };
+    const int lo = rel(p.sinks);
+    const int mine = lane * kGroups + grp;  // the token this lane scores (local row of the tile)
+    const int kgrp = (lane * kCPL) / GS;    // this lane's metadata group (GS < 128)
 
-  // H tiles (1, or 2 with PAIR) whose stages are stg[0..H) and indices tix[0..H).
-  auto tile_step = [&](auto halves, const unsigned char* const(&stg)[2], const int(&tix)[2]) {
-    constexpr int H = decltype(halves)::value;
-    int live[H], lo[H];
-    std::int64_t t0[H];
+    // integer partial scores of the group's 8 tokens over this lane's channels
+    int part[NQ][kSub];
 #pragma unroll
-    for (int x = 0; x < H; ++x) {
-      t0[x] = tiles.first_token(tix[x]);
-      live[x] = tiles.live_rows(tix[x]);
-      lo[x] = p.sinks < t0[x] ? -1 : static_cast<int>(p.sinks - t0[x] > kFastTile ? kFastTile : p.sinks - t0[x]);
+    for (int u = 0; u < kSub; ++u) {
+      LaneCodes<KB> kc;
+      kc.load_shared(stage + lay.kc + (u * kGroups + grp) * (kLanes * LaneCodes<KB>::kBytes) + lane * LaneCodes<KB>::kBytes);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) part[n][u] = st.template packed_dot<KB>(kc, n);  // 8 of them: |sum| < 2^31
     }
-    const auto rel = [&](int x, std::int64_t t) {
-      return static_cast<int>(t < t0[x] ? -1 : t - t0[x] > kFastTile ? kFastTile : t - t0[x]);
-    };
-
-    // integer partial scores of the group's 8 tokens of each tile over this lane's channels
-    int part[H][NQ][kSub];
-#pragma unroll
-    for (int x = 0; x < H; ++x)
-#pragma unroll
-      for (int u = 0; u < kSub; ++u) {
-        LaneCodes<KB> kc;
-        kc.load_shared(stg[x] + lay.kc + (u * kGroups + grp) * (kLanes * LaneCodes<KB>::kBytes) + lane * LaneCodes<KB>::kBytes);
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) part[x][n][u] = st.template packed_dot<KB>(kc, n);  // 8 of them: |sum| < 2^31
-      }
     // Reduce-scatter over the group: lane j ends with token j's whole score.
     // One metadata group a row (GS 128): the integer sums first, then token
     // j's scale; smaller groups: each lane scales its own partial sums by its
     // group's scale and minimum first and the floats are summed.
-    float ksc[H], klo[H], vsc[H], vlo[H];
-#pragma unroll
-    for (int x = 0; x < H; ++x) {
-      const bool ok = mine < live[x];  // rows past it hold stale bytes (weight 0; metadata could be NaN)
-      ksc[x] = GS == 128 ? load_meta(stg[x] + lay.ksc + mine * mb, META) : 0.0f;
-      klo[x] = GS == 128 ? load_meta(stg[x] + lay.klo + mine * mb, META) : 0.0f;
-      vsc[x] = GS == 128 && ok ? load_meta(stg[x] + lay.vsc + mine * mb, META) : 0.0f;
-      vlo[x] = GS == 128 && ok ? load_meta(stg[x] + lay.vlo + mine * mb, META) : 0.0f;
-    }
-    [[maybe_unused]] float kscale[kSub], kmin[kSub];  // GS < 128 (one tile): this lane's group, each of the 8 tokens
+    const float ksc = GS == 128 ? load_meta(stage + lay.ksc + mine * mb, META) : 0.0f;
+    const float klo = GS == 128 ? load_meta(stage + lay.klo + mine * mb, META) : 0.0f;
+    const bool ok = mine < live;  // rows past it hold stale bytes (weight 0; metadata could be NaN)
+    const float vsc = GS == 128 && ok ? load_meta(stage + lay.vsc + mine * mb, META) : 0.0f;
+    const float vlo = GS == 128 && ok ? load_meta(stage + lay.vlo + mine * mb, META) : 0.0f;
+    float kscale[kSub], kmin[kSub];  // GS < 128: this lane's group, each of the 8 tokens
     if constexpr (GS < 128) {
 #pragma unroll
       for (int u = 0; u < kSub; ++u) {
         const int mo = ((u * kGroups + grp) * kG + kgrp) * mb;
-        kscale[u] = load_meta(stg[0] + lay.ksc + mo, META), kmin[u] = load_meta(stg[0] + lay.klo + mo, META);
+        kscale[u] = load_meta(stage + lay.ksc + mo, META), kmin[u] = load_meta(stage + lay.klo + mo, META);
       }
     }
-    unsigned wl[NQ][H][2], wh[NQ][H][2];
+    unsigned wl[NQ][2], wh[NQ][2];
     float sw[NQ];
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
-      float s[H];
+      float sc;
+      if constexpr (GS == 128) {
+        const int total = reduce_scatter8(part[n], lane);
+        sc = fmaf(ksc * st.qstep[n], static_cast<float>(total), klo * qsum[n]);
+      } else {
+        float f[kSub];
 #pragma unroll
-      for (int x = 0; x < H; ++x) {
-        float sc;
-        if constexpr (GS == 128) {
-          const int total = reduce_scatter8(part[x][n], lane);
-          sc = fmaf(ksc[x] * st.qstep[n], static_cast<float>(total), klo[x] * qsum[n]);
-        } else {
-          float f[kSub];
-#pragma unroll
-          for (int u = 0; u < kSub; ++u) f[u] = fmaf(kscale[u] * st.qstep[n], static_cast<float>(part[x][n][u]), kmin[u] * st.qs[n]);
-          sc = reduce_scatter8(f, lane);
-        }
-        const bool visible = mine >= lo[x] && mine <= min(rel(x, st.limit[n]), live[x] - 1);
-        s[x] = visible ? sc : -INFINITY;
+        for (int u = 0; u < kSub; ++u) f[u] = fmaf(kscale[u] * st.qstep[n], static_cast<float>(part[n][u]), kmin[u] * st.qs[n]);
+        sc = reduce_scatter8(f, lane);
       }
+      const bool visible = mine >= lo && mine <= min(rel(st.limit[n]), live - 1);
+      const float s = visible ? sc : -INFINITY;
 
       // online softmax of the group (max over its 8 lanes)
-      float mt = s[0];
-#pragma unroll
-      for (int x = 1; x < H; ++x) mt = fmaxf(mt, s[x]);
-      mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+      float mt = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 1));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
       mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
       const float mnew = fmaxf(st.m[n], mt);
       const bool none = mnew == -INFINITY;
       const float corr = none ? 1.0f : fast_exp2(st.m[n] - mnew);
-      float pw[H], psum = 0.0f, plo = 0.0f;
-#pragma unroll
-      for (int x = 0; x < H; ++x) {
-        pw[x] = none ? 0.0f : fast_exp2(s[x] - mnew);
-        psum += pw[x];
-        plo = fmaf(pw[x], vlo[x], plo);
-      }
+      const float pw = none ? 0.0f : fast_exp2(s - mnew);
       st.m[n] = mnew;
-      st.l[n] = fmaf(st.l[n], corr, psum);
-      if constexpr (GS == 128) st.lacc[n] = fmaf(st.lacc[n], corr, plo);
+      st.l[n] = fmaf(st.l[n], corr, pw);
+      if constexpr (GS == 128) st.lacc[n] = fmaf(st.lacc[n], corr, pw * vlo);
       if (corr != 1.0f) {
 #pragma unroll
         for (int c = 0; c < kCPL; ++c) st.acc[n][c] *= corr;
       }
 
       if constexpr (GS == 128) {
-        // this lane's tokens' weights rounded to 16 bits against the group's maximum (over both
-        // tiles), then all 8 weights of each tile to every lane: quad q's low / high bytes in wl / wh
-        float u[H], umax = 0.0f;
-#pragma unroll
-        for (int x = 0; x < H; ++x) u[x] = pw[x] * vsc[x], umax = fmaxf(umax, u[x]);
-        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 1));
+        // this token's weight rounded to 16 bits against the group's maximum,
+        // then all 8 weights to every lane: quad q's low / high bytes in wl / wh
+        const float u = pw * vsc;
+        float umax = fmaxf(u, __shfl_xor_sync(0xffffffffu, u, 1));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 2));
         umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
         const W16 w16 = w16_of(umax);
         sw[n] = w16.step;
-#pragma unroll
-        for (int x = 0; x < H; ++x) {
-          const unsigned r = w16.round(u[x]);
-          const unsigned r1 = __shfl_xor_sync(0xffffffffu, r, 1);
-          const unsigned pair = b1 ? __byte_perm(r1, r, 0x5410) : __byte_perm(r, r1, 0x5410);  // tokens 2k, 2k + 1
-          const unsigned pair2 = __shfl_xor_sync(0xffffffffu, pair, 2);
-          const unsigned qa = b2 ? pair2 : pair, qb = b2 ? pair : pair2;  // tokens 4j..4j+1, 4j+2..4j+3
-          const unsigned ya = __shfl_xor_sync(0xffffffffu, qa, 4), yb = __shfl_xor_sync(0xffffffffu, qb, 4);
-          const unsigned q0a = b4 ? ya : qa, q0b = b4 ? yb : qb, q1a = b4 ? qa : ya, q1b = b4 ? qb : yb;
-          wl[n][x][0] = __byte_perm(q0a, q0b, 0x6420), wh[n][x][0] = __byte_perm(q0a, q0b, 0x7531);
-          wl[n][x][1] = __byte_perm(q1a, q1b, 0x6420), wh[n][x][1] = __byte_perm(q1a, q1b, 0x7531);
-        }
+        const unsigned r = w16.round(u);
+        const unsigned r1 = __shfl_xor_sync(0xffffffffu, r, 1);
+        const unsigned pair = b1 ? __byte_perm(r1, r, 0x5410) : __byte_perm(r, r1, 0x5410);  // tokens 2k, 2k + 1
+        const unsigned pair2 = __shfl_xor_sync(0xffffffffu, pair, 2);
+        const unsigned qa = b2 ? pair2 : pair, qb = b2 ? pair : pair2;  // tokens 4j..4j+1, 4j+2..4j+3
+        const unsigned ya = __shfl_xor_sync(0xffffffffu, qa, 4), yb = __shfl_xor_sync(0xffffffffu, qb, 4);
+        const unsigned q0a = b4 ? ya : qa, q0b = b4 ? yb : qb, q1a = b4 ? qa : ya, q1b = b4 ? qb : yb;
+        wl[n][0] = __byte_perm(q0a, q0b, 0x6420), wh[n][0] = __byte_perm(q0a, q0b, 0x7531);
+        wl[n][1] = __byte_perm(q1a, q1b, 0x6420), wh[n][1] = __byte_perm(q1a, q1b, 0x7531);
       } else {
         // the 8 tokens' weights to every lane (token u is lane u's), then per
         // lane its value group's scales: weights rounded to 16 bits against
         // this lane's maximum, and its own sum of p * minimum
-        static_assert(H == 1 || GS == 128, "one tile at a time");
         float pws[kSub], uu[kSub], umax = 0.0f, lsum = 0.0f;
         const int base = (threadIdx.x % 32) & ~(kLanes - 1);
 #pragma unroll
-        for (int u = 0; u < kSub; ++u) pws[u] = __shfl_sync(0xffffffffu, pw[0], base + u);
+        for (int u = 0; u < kSub; ++u) pws[u] = __shfl_sync(0xffffffffu, pw, base + u);
 #pragma unroll
         for (int u = 0; u < kSub; ++u) {
           const int local = u * kGroups + grp, mo = (local * kG + kgrp) * mb;
-          const bool live_u = local < live[0];  // stale rows: weight 0, metadata could be NaN
-          const float vs = live_u ? load_meta(stg[0] + lay.vsc + mo, META) : 0.0f;
-          const float vl = live_u ? load_meta(stg[0] + lay.vlo + mo, META) : 0.0f;
+          const bool live_u = local < live;  // stale rows: weight 0, metadata could be NaN
+          const float vs = live_u ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+          const float vl = live_u ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
           uu[u] = pws[u] * vs;
           umax = fmaxf(umax, uu[u]);
           lsum = fmaf(pws[u], vl, lsum);
@@ -1078,28 +1029,25 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
         for (int qd = 0; qd < 2; ++qd) {
           const unsigned p01 = __byte_perm(w16.round_low16(uu[4 * qd]), w16.round_low16(uu[4 * qd + 1]), 0x5410);
           const unsigned p23 = __byte_perm(w16.round_low16(uu[4 * qd + 2]), w16.round_low16(uu[4 * qd + 3]), 0x5410);
-          wl[n][0][qd] = __byte_perm(p01, p23, 0x6420), wh[n][0][qd] = __byte_perm(p01, p23, 0x7531);
+          wl[n][qd] = __byte_perm(p01, p23, 0x6420), wh[n][qd] = __byte_perm(p01, p23, 0x7531);
         }
       }
     }
 
-    // values: the group's 8 tokens of each tile transposed four at a time (attn_fast_kernel's dp4a
-    // sums), both tiles' products summed in the same integers
+    // values: the group's 8 tokens transposed four at a time (attn_fast_kernel's dp4a sums)
     constexpr int kQ = kSub / 4, kW = LaneCodes<VB>::kWords, kVPerByte = 8 / VB;
     constexpr unsigned kVMask = ((1u << VB) - 1u) * 0x01010101u;
-    unsigned x4[H][kQ][kW][4];
+    unsigned x[kQ][kW][4];
 #pragma unroll
-    for (int x = 0; x < H; ++x)
+    for (int qd = 0; qd < kQ; ++qd) {
+      LaneCodes<VB> vc[4];
 #pragma unroll
-      for (int qd = 0; qd < kQ; ++qd) {
-        LaneCodes<VB> vc[4];
+      for (int j = 0; j < 4; ++j)
+        vc[j].load_shared(stage + lay.vc + ((4 * qd + j) * kGroups + grp) * (kLanes * LaneCodes<VB>::kBytes) +
+                          lane * LaneCodes<VB>::kBytes);
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-          vc[j].load_shared(stg[x] + lay.vc + ((4 * qd + j) * kGroups + grp) * (kLanes * LaneCodes<VB>::kBytes) +
-                            lane * LaneCodes<VB>::kBytes);
-#pragma unroll
-        for (int w = 0; w < kW; ++w) transpose_bytes4x4(vc[0].w[w], vc[1].w[w], vc[2].w[w], vc[3].w[w], x4[x][qd][w]);
-      }
+      for (int w = 0; w < kW; ++w) transpose_bytes4x4(vc[0].w[w], vc[1].w[w], vc[2].w[w], vc[3].w[w], x[qd][w]);
+    }
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
@@ -1107,42 +1055,21 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
         const int bit = c * VB, w = bit / 32, byte = (bit % 32) / 8, m = (bit % 8) / VB;
         unsigned ah = 0, al = 0;
 #pragma unroll
-        for (int x = 0; x < H; ++x)
-#pragma unroll
-          for (int qd = 0; qd < kQ; ++qd) {
-            const unsigned xm = kVPerByte == 1 ? x4[x][qd][w][byte] : x4[x][qd][w][byte] & (kVMask << (m * VB));
-            asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(ah) : "r"(xm), "r"(wh[n][x][qd]));
-            asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[n][x][qd]));
-          }
+        for (int qd = 0; qd < kQ; ++qd) {
+          const unsigned xm = kVPerByte == 1 ? x[qd][w][byte] : x[qd][w][byte] & (kVMask << (m * VB));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(ah) : "r"(xm), "r"(wh[n][qd]));
+          asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[n][qd]));
+        }
         const float unit = sw[n] * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
         st.acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), st.acc[n][c]);
       }
-  };
-
-  int tile = 0;
-  if constexpr (PAIR) {
-    for (; tile + 1 < tiles.n_tiles; tile += 2) {
-      const unsigned char* s0 = tiles.acquire(tile);
-      const unsigned char* s1 = tiles.acquire(tile + 1);
-      const unsigned char* const stg[2] = {s0, s1};
-      const int tix[2] = {tile, tile + 1};
-      tile_step(std::integral_constant<int, 2>{}, stg, tix);
-    }
-  }
-  for (; tile < tiles.n_tiles; ++tile) {
-    const unsigned char* s0 = tiles.acquire(tile);
-    const unsigned char* const stg[2] = {s0, s0};
-    const int tix[2] = {tile, tile};
-    tile_step(std::integral_constant<int, 1>{}, stg, tix);
   }
 #pragma unroll
   for (int n = 0; n < NQ; ++n) {
     st.l[n] = group_sum(st.l[n]);
     if (GS == 128) st.lacc[n] = group_sum(st.lacc[n]);  // smaller groups: each lane's own group already
   }
-  // the accumulators through the ring when it is large enough (it is at 2 bits and more)
-  constexpr bool kRingMerge = kStages * kFastTile * (KB + VB) * kD / 8 >= kGroups * NQ * kD * 4;
-  write_partial<NQ, VB, kRingMerge>(p, row0, split, b, h, lane, grp, st, ring);
+  write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
 }
 
 // ---- integer tensor-core kernel for the packed body ----
@@ -2384,29 +2311,27 @@ Body body_kernel(const AttnParams& p) {
   return rs && rows <= 2 ? Body::rs : Body::fast;
 }
 
-// Whether the pipelined kernel takes its tiles two at a time (PAIR of attn_tmma_kernel and
-// attn_rs_kernel): with 2-bit keys and values, where the per-tile work a pair halves (the softmax
-// step, the weight block, the conversion of the value sums) is a visible share. The token-major
-// kernel at metadata groups of 64 or 128 channels, where the ring's extra stage still leaves five
-// blocks an SM (at groups of 32 it leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32); the
-// one-token-per-lane kernel at one group a row. And only where a block has at least kPairMinTiles
-// tiles: with short blocks (B=1 Hkv=8: 4 tiles at 32k, 13 at 128k) waiting for two tiles before the
-// first work measured 3-6% slower, with 26 (B=8 Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster
-// (docs/performance.md, session 23). SKVQ_CUDA_PAIR=0 turns pairs off (tests, benchmarks).
-constexpr bool pair_kernel(Body body, int kb, int vb, int group) {
-  return kb == 2 && vb == 2 && ((body == Body::tmma && group >= 64) || (body == Body::rs && group == 128));
-}
+// Whether the token-major kernel takes its tiles two at a time (attn_tmma_kernel's PAIR): with 2-bit
+// keys and values, where the per-tile work it halves is a visible share, and metadata groups of 64
+// or 128 channels, where the ring's extra stage still leaves five blocks an SM (at groups of 32 it
+// leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32; docs/performance.md, session 23).
+// And only where a block has at least kPairMinTiles tiles: with short blocks (B=1 Hkv=8: 4 tiles at
+// 32k, 13 at 128k) waiting for two tiles before the first work measured 3-6% slower, with 26 (B=8
+// Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster. p.split_len is 0 while the split count is chosen,
+// so the occupancy comes from the one-tile kernel: the same, at five blocks an SM.
+// SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks).
+constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
 constexpr std::int64_t kPairMinTiles = 16;
-bool pairs_allowed(const AttnParams& p) {
+bool tmma_pair(const AttnParams& p) {
   static const bool on = [] {
-    const char* e = std::getenv("SKVQ_CUDA_PAIR");
+    const char* e = std::getenv("SKVQ_CUDA_TMMA_PAIR");
     return !(e && std::string(e) == "0");
   }();
-  return on && pair_kernel(body_kernel(p), p.k.bits, p.v.bits, p.group);
+  return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= kPairMinTiles * kFastTile &&
+         body_kernel(p) == Body::tmma;
 }
-bool use_pairs(const AttnParams& p) { return pairs_allowed(p) && p.split_len >= kPairMinTiles * kFastTile; }
 // The depth of the pipelined kernel's shared-memory ring (one stage more when it holds two tiles).
-int fast_stages(const AttnParams& p) { return use_pairs(p) ? kStages + 1 : kStages; }
+int fast_stages(const AttnParams& p) { return tmma_pair(p) ? kStages + 1 : kStages; }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
@@ -2430,8 +2355,8 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   };
   if constexpr (VB == 2 || VB == 4) {
     if (body_kernel(p) == Body::tmma) {
-      if constexpr (pair_kernel(Body::tmma, KB, VB, 64)) {
-        if (use_pairs(p)) {
+      if constexpr (tmma_pairs(KB, VB, 64)) {
+        if (tmma_pair(p)) {
           if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64, true>, attn_tmma_kernel<KB, VB, 1, 64, true>, attn_tmma_kernel<KB, VB, 2, 64, true>);
           else by_meta(attn_tmma_kernel<KB, VB, 0, 128, true>, attn_tmma_kernel<KB, VB, 1, 128, true>, attn_tmma_kernel<KB, VB, 2, 128, true>);
           return;
@@ -2454,13 +2379,6 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   if (body_kernel(p) == Body::rs) {
     auto rows = [&](auto gs) {
       constexpr int GS = decltype(gs)::value;
-      if constexpr (pair_kernel(Body::rs, KB, VB, GS)) {
-        if (use_pairs(p)) {
-          if (nq == 2) by_meta(attn_rs_kernel<KB, VB, 2, 0, GS, true>, attn_rs_kernel<KB, VB, 2, 1, GS, true>, attn_rs_kernel<KB, VB, 2, 2, GS, true>);
-          else by_meta(attn_rs_kernel<KB, VB, 1, 0, GS, true>, attn_rs_kernel<KB, VB, 1, 1, GS, true>, attn_rs_kernel<KB, VB, 1, 2, GS, true>);
-          return;
-        }
-      }
       if (nq == 2) by_meta(attn_rs_kernel<KB, VB, 2, 0, GS>, attn_rs_kernel<KB, VB, 2, 1, GS>, attn_rs_kernel<KB, VB, 2, 2, GS>);
       else by_meta(attn_rs_kernel<KB, VB, 1, 0, GS>, attn_rs_kernel<KB, VB, 1, 1, GS>, attn_rs_kernel<KB, VB, 1, 2, GS>);
     };
@@ -2494,7 +2412,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
 // shared memory), for the first launch of launch_fast_rows' row loop; cached
 // per (kernel, shared memory): a host calculation per call otherwise.
 template <int KB, int VB>
-int fast_blocks_per_sm_of(const AttnParams& p) {
+int fast_blocks_per_sm(const AttnParams& p) {
   const int smem = fast_stages(p) * FastLayout<kFastTile>(p).stage;
   int blocks = 0;
   with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, (p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
@@ -2512,16 +2430,6 @@ int fast_blocks_per_sm_of(const AttnParams& p) {
     cache[key] = blocks;
   });
   return std::max(1, blocks);
-}
-// ... while the split count is chosen (p.split_len 0): where pairs may run, the fewer of the
-// one-tile and the pair launch's.
-template <int KB, int VB>
-int fast_blocks_per_sm(const AttnParams& p) {
-  const int one = fast_blocks_per_sm_of<KB, VB>(p);
-  if (!pairs_allowed(p) || use_pairs(p)) return one;
-  AttnParams pair = p;
-  pair.split_len = kPairMinTiles * kFastTile;
-  return std::min(one, fast_blocks_per_sm_of<KB, VB>(pair));
 }
 
 // Calls f(KB, VB) as compile-time constants for the supported (key, value)
