@@ -2288,8 +2288,7 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
 enum class Body { fast, imma, tmma, rs };
 int body_override() {  // -1: none
   static const int v = [] {
-    const char* e = std::getenv("SKVQ_CUDA_BODY");
-    const std::string s = e ? e : "";
+    const std::string s = env_switch("SKVQ_CUDA_BODY");
     return s == "fast" ? 0 : s == "imma" ? 1 : s == "tmma" ? 2 : s == "rs" ? 3 : -1;
   }();
   return v;
@@ -2323,15 +2322,13 @@ Body body_kernel(const AttnParams& p) {
 constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
 constexpr std::int64_t kPairMinTiles = 16;
 bool tmma_pair(const AttnParams& p) {
-  static const bool on = [] {
-    const char* e = std::getenv("SKVQ_CUDA_TMMA_PAIR");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch("SKVQ_CUDA_TMMA_PAIR") != "0";
   return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= kPairMinTiles * kFastTile &&
          body_kernel(p) == Body::tmma;
 }
-// The depth of the pipelined kernel's shared-memory ring (one stage more when it holds two tiles).
-int fast_stages(const AttnParams& p) { return tmma_pair(p) ? kStages + 1 : kStages; }
+// The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles): the
+// launch and the occupancy calculation size it alike.
+int fast_ring_bytes(const AttnParams& p) { return (tmma_pair(p) ? kStages + 1 : kStages) * FastLayout<kFastTile>(p).stage; }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
@@ -2396,7 +2393,7 @@ template <int KB, int VB>
 void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = (p.Hq / p.Hkv) * p.Sq;
   const dim3 grid(splits, p.Hkv, p.B);
-  const int smem = fast_stages(p) * FastLayout<kFastTile>(p).stage;
+  const int smem = fast_ring_bytes(p);
   for (int row = 0; row < n_rows;) {
     const int nq = fast_rows_per_launch(p, n_rows - row);
     with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
@@ -2413,7 +2410,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
 // per (kernel, shared memory): a host calculation per call otherwise.
 template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
-  const int smem = fast_stages(p) * FastLayout<kFastTile>(p).stage;
+  const int smem = fast_ring_bytes(p);
   int blocks = 0;
   with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, (p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
     static std::mutex mu;
@@ -2465,10 +2462,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const std::int64_t slots = static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
-  static const bool fill_rule = [] {
-    const char* e = std::getenv("SKVQ_CUDA_SPLIT_RULE");
-    return e && std::string(e) == "fill";
-  }();
+  static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
   if (fill_rule) {
     const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / kFastTile));
     int best = 1;
@@ -2574,10 +2568,7 @@ Workspace workspace(std::size_t bytes, cudaStream_t stream) {
 // SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
 // GPUs before compute capability 9.0 (tests of that path, benchmarks).
 bool dependent_launch_disabled() {
-  static const bool off = [] {
-    const char* e = std::getenv("SKVQ_CUDA_PDL");
-    return e != nullptr && std::string(e) == "0";
-  }();
+  static const bool off = env_switch("SKVQ_CUDA_PDL") == "0";
   return off;
 }
 
@@ -2600,10 +2591,7 @@ bool dependent_launch_supported() {
 // The tensor-core kernel is opt-in (SKVQ_CUDA_MMA=1): measured on the H200 it
 // runs at about half the speed of the float32 kernel (docs/performance.md).
 bool mma_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("SKVQ_CUDA_MMA");
-    return e != nullptr && std::string(e) == "1";
-  }();
+  static const bool on = env_switch("SKVQ_CUDA_MMA") == "1";
   return on;
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "skvq/error.hpp"
@@ -20,6 +21,13 @@
 #define SKVQ_CUDA_LAUNCH_CHECK() SKVQ_CUDA_CHECK(cudaGetLastError())
 
 namespace skvq::cuda {
+
+// The value of environment variable `name`, "" when unset: the backend's test
+// and benchmark switches (SKVQ_CUDA_*), each read once by the code it steers.
+inline std::string env_switch(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? e : "";
+}
 
 // Metadata codes shared by kernels: 0 fp16, 1 fp32, 2 fp8 e4m3.
 __host__ __device__ inline int meta_code(int m) { return m; }

@@ -944,10 +944,7 @@ void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream) {
 // 8-bit codes by the exact quotient only; "exact", the clip search sums every
 // factor's error exactly (no certified estimate first).
 const std::string& flush_mode() {
-  static const std::string v = [] {
-    const char* e = std::getenv("SKVQ_CUDA_FLUSH");
-    return std::string(e != nullptr ? e : "");
-  }();
+  static const std::string v = env_switch("SKVQ_CUDA_FLUSH");
   return v;
 }
 
