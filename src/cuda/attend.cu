@@ -126,10 +126,12 @@ struct W16 {
   __device__ __forceinline__ unsigned round(float u) const { return __float2uint_rn(fminf(u * inv, 65535.0f)); }
   // r in the low 16 bits (above them the bits of 2^23; the callers' byte permutes take bytes 0
   // and 1): u * inv + 2^23 rounded once to float (whose ulp there is 1) is 2^23 + rint(u * inv),
-  // without a conversion instruction
-  __device__ __forceinline__ unsigned round_low16(float u) const {
-    return __float_as_uint(fminf(fmaf(u, inv, 8388608.0f), 8388608.0f + 65535.0f));
-  }
+  // without a conversion instruction. For 0 <= u <= umax, the block's maximum of the very values
+  // rounded (as every caller has it), and inv from w16_fast, no clamp is needed: step =
+  // RN(umax RN(1/65535)) is normal (umax >= 2^-100, else inv = 0) and rcp.approx is at most 1 ulp
+  // off, so u * inv <= 65535 (1 + 2^-21) < 65535.5 and the sum rounds to at most 2^23 + 65535
+  // (docs/numerics.md).
+  __device__ __forceinline__ unsigned round_low16(float u) const { return __float_as_uint(fmaf(u, inv, 8388608.0f)); }
 };
 // The step of a block of weights whose largest is umax, and its correctly rounded reciprocal.
 __device__ __forceinline__ W16 w16_of(float umax) {
@@ -1452,6 +1454,40 @@ __device__ __forceinline__ void tmma_key_slices(const unsigned char* row, int t,
   }
 }
 
+// The NG metadata values (minima or scales of NG groups) of one token in a stage, by one vector
+// load: a token's NG values are contiguous, the stage's arrays start at multiples of 16 and a
+// token's row is NG values long, so the row is aligned to its size.
+template <int META, int NG>
+__device__ __forceinline__ void load_meta_row(const unsigned char* p, float (&x)[NG]) {
+  static_assert(NG == 1 || NG == 2 || NG == 4, "1, 2 or 4 groups a row");
+  if constexpr (NG == 1) {
+    x[0] = load_meta(p, META);
+  } else if constexpr (META == 1) {
+    if constexpr (NG == 2) {
+      const float2 v = *reinterpret_cast<const float2*>(p);
+      x[0] = v.x, x[1] = v.y;
+    } else {
+      const float4 v = *reinterpret_cast<const float4*>(p);
+      x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+    }
+  } else if constexpr (META == 0) {
+    __half2 h[NG / 2];
+    if constexpr (NG == 2) {
+      h[0] = *reinterpret_cast<const __half2*>(p);
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(p);
+      memcpy(&h[0], &w.x, 4);
+      memcpy(&h[1], &w.y, 4);
+    }
+#pragma unroll
+    for (int j = 0; j < NG / 2; ++j) x[2 * j] = __low2float(h[j]), x[2 * j + 1] = __high2float(h[j]);
+  } else {
+    const unsigned w = NG == 4 ? *reinterpret_cast<const unsigned*>(p) : *reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int j = 0; j < NG; ++j) x[j] = e4m3_to_float(static_cast<unsigned char>(w >> (8 * j)));
+  }
+}
+
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
   const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
   valid = row < n_rows;
@@ -1469,6 +1505,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;
   constexpr int kgs = GS == 32 ? 2 : GS == 64 ? 1 : 0;  // log2 of the metadata groups in a row
+  constexpr int kNG = 1 << kgs;                         // metadata groups in a row
   constexpr int spg = GS / 32;                          // k-steps (32 channels) a group
   constexpr int kSets = 4 * VB / 8 * 4;                 // byte sets of 8 bytes in a row: 4 VB
   constexpr int kPairs = PV / 2;                        // slice pairs (n-tiles) per byte set
@@ -1630,7 +1667,16 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         if (GS != 128 || ks == 0) ck[0] = ck[1] = ck[2] = ck[3] = 0;
         imma<false, true>(ck, a, qb[ks][0], qb[ks][1]);
       }
-      float sc[2];
+      // Token g (+ 8 i): its score is qstep sum_kg ksc_kg I_kg + sum_kg klo_kg qg_kg over the key
+      // metadata groups (I: the group's integer sum, its k-steps' high and low columns), each
+      // token's kNG scales and minima by one vector load each.
+      float ksc[2][kNG], klo[2][kNG], sa[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int mo = ((base + 16 * mt + 8 * i + g) << kgs) * mb;
+        load_meta_row<META, kNG>(stage + lay.ksc + mo, ksc[i]);
+        load_meta_row<META, kNG>(stage + lay.klo + mo, klo[i]);
+      }
       int hs[2] = {0, 0}, ls[2] = {0, 0};
 #pragma unroll
       for (int ks = 0; ks < 4; ++ks) {
@@ -1640,13 +1686,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
           const int kg = ks / spg;
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
-            const int mo = (((base + 16 * mt + 8 * i + g) << kgs) + kg) * mb;
-            const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
-            const float v = fmaf(ksc * qstep_t, static_cast<float>(hs[i] * 256 + ls[i]), klo * qg[kg]);
-            sc[i] = kg == 0 ? v : sc[i] + v;
+            sa[i] = fmaf(ksc[i][kg], static_cast<float>(hs[i] * 256 + ls[i]), sa[i]);
+            sb[i] = fmaf(klo[i][kg], qg[kg], sb[i]);
           }
         }
       }
+      float sc[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) sc[i] = fmaf(sa[i], qstep_t, sb[i]);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int local = base + 16 * mt + 8 * i + g;
@@ -1666,57 +1713,86 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         for (int q = 0; q < kPairs; ++q) acc[s2][q][0] *= corr, acc[s2][q][1] *= corr;
     }
 
-    // values, one byte set (8 bytes of the row: 8 / VB * 8 channels) at a time
-    unsigned wb[H][2] = {};
-    [[maybe_unused]] unsigned vword[H][2][4];  // GS 128: a word of 4 rows, transposed
-    float vsw = 0.0f;
+    // Row t's value weights for every value metadata group first (each token's kNG scales and
+    // minima by one vector load each; the groups' reductions independent of each other), then W^T:
+    // wbg[v][h], with two groups' 16-bit weights sharing each shuffle (the low and high halves of
+    // a word). vswg[v]: group v's step (the C columns of this lane are row t's).
+    unsigned wbg[kNG][H][2];
+    float vswg[kNG];
+    {
+      float u[kNG][H][2][2], umax[kNG], lsum[kNG];
 #pragma unroll
-    for (int set = 0; set < kSets; ++set) {
-      constexpr int kSetCh = 8 * PV;  // channels of a byte set
-      if ((set * kSetCh) % GS == 0) {  // a new value metadata group: the weights of row t, then W^T
-        const int vgrp = (set * kSetCh) / GS;
-        float u[H][2][2], umax = 0.0f, lsum = 0.0f;
+      for (int v = 0; v < kNG; ++v) umax[v] = 0.0f, lsum[v] = 0.0f;
 #pragma unroll
-        for (int h = 0; h < H; ++h)
+      for (int h = 0; h < H; ++h)
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int local = base + 16 * mt + 8 * i + g;
-            const int mo = ((local << kgs) + vgrp) * mb;
-            const bool ok = FULL || local < hv[h].live;
-            const float vs = ok ? load_meta(hv[h].stage + lay.vsc + mo, META) : 0.0f;
-            const float vl = ok ? load_meta(hv[h].stage + lay.vlo + mo, META) : 0.0f;
-            u[h][mt][i] = pw[2 * h + mt][i] * vs;
-            umax = fmaxf(umax, u[h][mt][i]);
-            lsum = fmaf(pw[2 * h + mt][i], vl, lsum);
-          }
-        lacc[vgrp] += lsum;
-        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 4));
-        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 8));
-        umax = fmaxf(umax, __shfl_xor_sync(0xffffffffu, umax, 16));
-        const W16 w16 = w16_fast(umax);
+            const int mo = (local << kgs) * mb;
+            float vs[kNG], vl[kNG];
+            if (FULL || local < hv[h].live) {
+              load_meta_row<META, kNG>(hv[h].stage + lay.vsc + mo, vs);
+              load_meta_row<META, kNG>(hv[h].stage + lay.vlo + mo, vl);
+            } else {  // stale rows: weight 0 either way, but their metadata could be NaN
 #pragma unroll
-        for (int h = 0; h < H; ++h) {
+              for (int v = 0; v < kNG; ++v) vs[v] = vl[v] = 0.0f;
+            }
+            const float pv = pw[2 * h + mt][i];
+#pragma unroll
+            for (int v = 0; v < kNG; ++v) {
+              u[v][h][mt][i] = pv * vs[v];
+              umax[v] = fmaxf(umax[v], u[v][h][mt][i]);
+              lsum[v] = fmaf(pv, vl[v], lsum[v]);
+            }
+          }
+#pragma unroll
+      for (int v = 0; v < kNG; ++v) lacc[v] += lsum[v];
+#pragma unroll
+      for (int x = 4; x <= 16; x *= 2)
+#pragma unroll
+        for (int v = 0; v < kNG; ++v) umax[v] = fmaxf(umax[v], __shfl_xor_sync(0xffffffffu, umax[v], x));
+      W16 w16[kNG];
+#pragma unroll
+      for (int v = 0; v < kNG; ++v) w16[v] = w16_fast(umax[v]), vswg[v] = w16[v].step;
+      // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
+      // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
+      const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
+#pragma unroll
+      for (int h = 0; h < H; ++h)
+#pragma unroll
+        for (int v0 = 0; v0 < kNG; v0 += 2) {
+          const int v1 = kNG > 1 ? v0 + 1 : v0;
           unsigned r[2][2];
 #pragma unroll
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-            for (int i = 0; i < 2; ++i) r[mt][i] = w16.round_low16(u[h][mt][i]);  // pick_bytes4 takes bytes 0, 1
-          // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
-          // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
-          const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
-          unsigned v0[4], v1[4];
+            for (int i = 0; i < 2; ++i) {
+              const unsigned r0 = w16[v0].round_low16(u[v0][h][mt][i]);  // pick_bytes4 takes bytes 0, 1
+              r[mt][i] = kNG > 1 ? __byte_perm(r0, w16[v1].round_low16(u[v1][h][mt][i]), 0x5410) : r0;
+            }
+          unsigned a0[4], a1[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            v0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
-            v1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
+            a0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
+            a1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
           }
-          wb[h][0] = pick_bytes4(v0[0], v0[1], v0[2], v0[3], wsel);
-          wb[h][1] = pick_bytes4(v1[0], v1[1], v1[2], v1[3], wsel);
+          wbg[v0][h][0] = pick_bytes4(a0[0], a0[1], a0[2], a0[3], wsel);
+          wbg[v0][h][1] = pick_bytes4(a1[0], a1[1], a1[2], a1[3], wsel);
+          if constexpr (kNG > 1) {  // the high halves: bytes 2 and 3
+            wbg[v1][h][0] = pick_bytes4(a0[0], a0[1], a0[2], a0[3], wsel + 0x0022u);
+            wbg[v1][h][1] = pick_bytes4(a1[0], a1[1], a1[2], a1[3], wsel + 0x0022u);
+          }
         }
-        vsw = w16.step;  // row t's step: the C columns of this lane are row t's
-      }
+    }
+
+    // values, one byte set (8 bytes of the row: 8 / VB * 8 channels, inside one metadata group) at a time
+    [[maybe_unused]] unsigned vword[H][2][4];  // GS 128: a word of 4 rows, transposed
+#pragma unroll
+    for (int set = 0; set < kSets; ++set) {
+      constexpr int kSetCh = 8 * PV;  // channels of a byte set
+      const int vgrp = (set * kSetCh) / GS;
       // V^T rows g / g + 8: byte tmma_vbyte(set, g) of the row, slices 2 q and 2 q + 1, at tokens 8 j + t
       // (a0, a1) and 8 j + 4 + t (a2, a3)
       unsigned x[H][2];
@@ -1751,13 +1827,12 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
         for (int h = 0; h < H; ++h) {
           const unsigned a[4] = {x[h][0] & m0, x[h][0] & m1, x[h][1] & m0, x[h][1] & m1};
-          imma<false, false>(c, a, wb[h][0], wb[h][1]);
+          imma<false, false>(c, a, wbg[vgrp][h][0], wbg[vgrp][h][1]);
         }
-        // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1
-        const float u0 = vsw * __uint_as_float(static_cast<unsigned>(127 - 2 * q * VB) << 23);
-        const float u1 = vsw * __uint_as_float(static_cast<unsigned>(127 - (2 * q + 1) * VB) << 23);
-        acc[set][q][0] = fmaf(u0, static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
-        acc[set][q][1] = fmaf(u1, static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
+        // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1 (in units of
+        // the slice's place value, 2^(slice VB): applied once, at the merge)
+        acc[set][q][0] = fmaf(vswg[vgrp], static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
+        acc[set][q][1] = fmaf(vswg[vgrp], static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
       }
     }
   };
@@ -1825,7 +1900,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int ch = tmma_vbyte<GS>(set, g) * PV + 2 * q + i;
-        sm_acc[warp][t][ch] = acc[set][q][i] + lacc[(set * 8 * PV) / GS];
+        const float place = __uint_as_float(static_cast<unsigned>(127 - (2 * q + i) * VB) << 23);  // 2^-(slice VB)
+        sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[(set * 8 * PV) / GS]);
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
