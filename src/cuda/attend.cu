@@ -1716,9 +1716,9 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     // Row t's value weights for every value metadata group first (each token's kNG scales and
     // minima by one vector load each; the groups' reductions independent of each other), then W^T:
     // wbg[v][h], with two groups' 16-bit weights sharing each shuffle (the low and high halves of
-    // a word). vswg[v]: group v's step (the C columns of this lane are row t's).
+    // a word). vsw: the block's step (the C columns of this lane are row t's).
     unsigned wbg[kNG][H][2];
-    float vswg[kNG];
+    float vsw;
     {
       float u[kNG][H][2][2], umax[kNG], lsum[kNG];
 #pragma unroll
@@ -1749,13 +1749,15 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
           }
 #pragma unroll
       for (int v = 0; v < kNG; ++v) lacc[v] += lsum[v];
+      // one step for all groups of the block: the rounding bound is in terms of the largest
+      // weight of any group (docs/numerics.md), and one reduction serves them all
+      float um = umax[0];
 #pragma unroll
-      for (int x = 4; x <= 16; x *= 2)
+      for (int v = 1; v < kNG; ++v) um = fmaxf(um, umax[v]);
 #pragma unroll
-        for (int v = 0; v < kNG; ++v) umax[v] = fmaxf(umax[v], __shfl_xor_sync(0xffffffffu, umax[v], x));
-      W16 w16[kNG];
-#pragma unroll
-      for (int v = 0; v < kNG; ++v) w16[v] = w16_fast(umax[v]), vswg[v] = w16[v].step;
+      for (int x = 4; x <= 16; x *= 2) um = fmaxf(um, __shfl_xor_sync(0xffffffffu, um, x));
+      const W16 w16 = w16_fast(um);
+      vsw = w16.step;
       // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
       // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
       const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
@@ -1769,8 +1771,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
           for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
-              const unsigned r0 = w16[v0].round_low16(u[v0][h][mt][i]);  // pick_bytes4 takes bytes 0, 1
-              r[mt][i] = kNG > 1 ? __byte_perm(r0, w16[v1].round_low16(u[v1][h][mt][i]), 0x5410) : r0;
+              const unsigned r0 = w16.round_low16(u[v0][h][mt][i]);  // pick_bytes4 takes bytes 0, 1
+              r[mt][i] = kNG > 1 ? __byte_perm(r0, w16.round_low16(u[v1][h][mt][i]), 0x5410) : r0;
             }
           unsigned a0[4], a1[4];
 #pragma unroll
@@ -1831,8 +1833,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         }
         // C: c0 / c1 = channel of slice 2q, row t high / low; c2 / c3 = slice 2q + 1 (in units of
         // the slice's place value, 2^(slice VB): applied once, at the merge)
-        acc[set][q][0] = fmaf(vswg[vgrp], static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
-        acc[set][q][1] = fmaf(vswg[vgrp], static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
+        acc[set][q][0] = fmaf(vsw, static_cast<float>(c[0] * 256 + c[1]), acc[set][q][0]);
+        acc[set][q][1] = fmaf(vsw, static_cast<float>(c[2] * 256 + c[3]), acc[set][q][1]);
       }
     }
   };
