@@ -93,6 +93,8 @@ std::vector<Case> cases() {
       // a long exact tail (the combine kernel's exact tokens: hundreds a row) and group 64 for the dp4a kernels
       {gpu_config(512, 7, 128, 2, 2, MetaType::fp16), 1, 2, 1400, {1000, 400}},
       {gpu_config(128, 3, 64, 2, 2, MetaType::fp8_e4m3), 1, 2, 500, {500}},
+      // four fp32 metadata groups a row (the token-major kernel's 16-byte metadata loads)
+      {gpu_config(128, 5, 32, 4, 2, MetaType::fp32), 2, 2, 450, {300, 150}},
   };
 }
 
