@@ -155,6 +155,34 @@ TEST(Cuda, SplitRuleMinimisesItsCostAsLaunched) {
   EXPECT_GT(at128k.splits, 6);
 }
 
+// The rule before session 23 (SKVQ_CUDA_SPLIT_RULE=fill, for benchmarks): no count up to
+// min(256, whole tiles) scores higher (last wave's fill less 0.002 a split), and it makes session
+// 23's documented choices (18 splits at B=32 Hkv=8 32k, 10 at B=8 Hkv=8 512k; 660 slots).
+TEST(Cuda, FillSplitRuleMaximisesItsScore) {
+  std::mt19937 rng(24);
+  for (int i = 0; i < 2000; ++i) {
+    const std::int64_t heads = 1 + rng() % 1024, tiles = rng() % 5000, slots = 1 + rng() % 1200;
+    const int s = cuda::fill_split_count(heads, tiles, slots);
+    const std::string what = "heads " + std::to_string(heads) + " tiles " + std::to_string(tiles) + " slots " + std::to_string(slots);
+    const std::int64_t top = std::max<std::int64_t>(1, std::min<std::int64_t>(256, tiles));
+    ASSERT_GE(s, 1) << what;
+    ASSERT_LE(s, top) << what;
+    const auto score = [&](std::int64_t n) {
+      const double blocks = static_cast<double>(heads * n), waves = std::ceil(blocks / static_cast<double>(slots));
+      return blocks / (waves * static_cast<double>(slots)) - 0.002 * static_cast<double>(n);
+    };
+    for (std::int64_t n = 1; n <= top; ++n) {
+      if (n < s) {
+        ASSERT_LT(score(n), score(s)) << what << ": " << n << " splits score as high";
+      } else if (n > s) {
+        ASSERT_LE(score(n), score(s)) << what << ": " << n << " splits score higher";
+      }
+    }
+  }
+  EXPECT_EQ(cuda::fill_split_count(256, 255, 660), 18);
+  EXPECT_EQ(cuda::fill_split_count(64, 4095, 660), 10);
+}
+
 // The flush's certified clip choice (cuda/clip_proxy.hpp) on the host: for
 // every group it certifies, its factor must be the spec's (errors summed in
 // slot order, every operation rounded, ties to the earlier factor); and on

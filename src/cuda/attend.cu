@@ -2541,17 +2541,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
   const std::int64_t slots = static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
   static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
-  if (fill_rule) {
-    const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, p.q_end / kFastTile));
-    int best = 1;
-    double best_score = -1e30;
-    for (std::int64_t s = 1; s <= max_splits; ++s) {
-      const double blocks = static_cast<double>(heads * s), waves = std::ceil(blocks / static_cast<double>(slots));
-      const double score = blocks / (waves * static_cast<double>(slots)) - 0.002 * static_cast<double>(s);
-      if (score > best_score) best_score = score, best = static_cast<int>(s);
-    }
-    return best;
-  }
+  if (fill_rule) return fill_split_count(heads, p.q_end / kFastTile, slots);
   return choose_split_count(heads, (p.q_end + kFastTile - 1) / kFastTile, slots).splits;
 }
 

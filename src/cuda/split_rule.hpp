@@ -44,4 +44,20 @@ inline SplitChoice choose_split_count(std::int64_t heads, std::int64_t tiles, st
   return best;
 }
 
+// The rule before session 23, kept for benchmarks (SKVQ_CUDA_SPLIT_RULE=fill): the count, up to
+// min(256, whole tiles), whose last wave is fullest (blocks / (waves x slots)), less 0.002 a split
+// (the smaller count on a tie).
+inline int fill_split_count(std::int64_t heads, std::int64_t whole_tiles, std::int64_t slots) {
+  heads = std::max<std::int64_t>(1, heads), slots = std::max<std::int64_t>(1, slots);
+  const std::int64_t max_splits = std::max<std::int64_t>(1, std::min<std::int64_t>(256, whole_tiles));
+  int best = 1;
+  double best_score = -1e30;
+  for (std::int64_t s = 1; s <= max_splits; ++s) {
+    const std::int64_t blocks = heads * s, waves = (blocks + slots - 1) / slots;
+    const double score = static_cast<double>(blocks) / static_cast<double>(waves * slots) - 0.002 * static_cast<double>(s);
+    if (score > best_score) best_score = score, best = static_cast<int>(s);
+  }
+  return best;
+}
+
 }  // namespace skvq::cuda
