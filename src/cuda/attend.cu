@@ -94,6 +94,9 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^-k, exact, from its exponent bits (0 <= k < 127): the place value of a code slice k bits up.
+__device__ __forceinline__ float pow2_neg(int k) { return __uint_as_float(static_cast<unsigned>(127 - k) << 23); }
+
 // Programmatic dependent launch (sm_90): the pipelined kernels let the
 // combine kernel start while they run (each block signals at its start, so
 // the combine grid launches once the last wave of the body is resident), and
@@ -407,7 +410,7 @@ struct GroupState {
           asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[qd]));
         }
         // codes sit m * VB bits up in their byte: the sum carries 2^(m VB); frac units carry 2^-VB
-        const float unit = sw * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
+        const float unit = sw * pow2_neg(VB + m * VB);
         acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), acc[n][c]);
       }
     }
@@ -1062,7 +1065,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
           asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(ah) : "r"(xm), "r"(wh[n][qd]));
           asm("dp4a.u32.u32 %0, %1, %2, %0;" : "+r"(al) : "r"(xm), "r"(wl[n][qd]));
         }
-        const float unit = sw[n] * __uint_as_float(static_cast<unsigned>(127 - VB - m * VB) << 23);
+        const float unit = sw[n] * pow2_neg(VB + m * VB);
         st.acc[n][c] = fmaf(unit, __uint2float_rn(ah * 256u + al), st.acc[n][c]);
       }
   }
@@ -1339,7 +1342,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
           int c[4] = {0, 0, 0, 0};
           const unsigned mask = kMaskV << (mm * VB);  // codes stay mm * VB bits up: folded into unit
           imma<false, false>(c, va, xv[0] & mask, xv[1] & mask);
-          const float unit = vsw * __uint_as_float(static_cast<unsigned>(127 - mm * VB) << 23);
+          const float unit = vsw * pow2_neg(mm * VB);
           acc[vg][hh * PV + mm][0] = fmaf(unit, static_cast<float>(c[0] * 256 + c[2]), acc[vg][hh * PV + mm][0]);
           acc[vg][hh * PV + mm][1] = fmaf(unit, static_cast<float>(c[1] * 256 + c[3]), acc[vg][hh * PV + mm][1]);
         }
@@ -1902,7 +1905,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int ch = tmma_vbyte<GS>(set, g) * PV + 2 * q + i;
-        const float place = __uint_as_float(static_cast<unsigned>(127 - (2 * q + i) * VB) << 23);  // 2^-(slice VB)
+        const float place = pow2_neg((2 * q + i) * VB);
         sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[(set * 8 * PV) / GS]);
       }
   __syncthreads();
