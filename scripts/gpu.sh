@@ -25,6 +25,9 @@ for m in fast rs imma tmma; do
   SKVQ_CUDA_BODY=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_$m.txt" 2>&1
   grep -E "Failure|FAILED|PASSED" "$out/tests_$m.txt" | head -n 10
 done
+echo "== GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)"
+SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_tmma_noone.txt" 2>&1
+grep -E "Failure|FAILED|PASSED" "$out/tests_tmma_noone.txt" | head -n 10
 echo "== GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)"
 SKVQ_CUDA_TMMA_PAIR=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopair.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_nopair.txt" | head -n 10

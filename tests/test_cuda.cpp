@@ -612,10 +612,12 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
   }
 }
 
-// The token-major kernel (3-4 query rows a KV head) with 2-bit keys and values and groups of 64 or
-// 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks of even and odd tile
-// counts and of fewer than 16 (forced splits), sinks and causal limits inside a pair, windows that
-// are and are not a multiple of the tile; groups of 32 (one tile at a time) beside them.
+// The token-major kernel (3-4 query rows a KV head, and one in its one-row form) with 2-bit keys and
+// values and groups of 64 or 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks
+// of even and odd tile counts and of fewer than 16 (forced splits), sinks and causal limits inside a
+// pair, windows that are and are not a multiple of the tile; groups of 32 (one tile at a time)
+// beside them. One row a KV head takes the one-row form at group 128 by default and at every group
+// under SKVQ_CUDA_BODY=tmma (scripts/gpu.sh runs the tests both ways).
 TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   REQUIRE_GPU();
   for (const auto& [window, group] : {std::pair{128, 128}, std::pair{128, 32}, std::pair{256, 64}, std::pair{64, 128}}) {
@@ -632,6 +634,7 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
       const std::string what = "window " + std::to_string(window) + " group " + std::to_string(group);
       expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 2, 3}, what);  // 4 rows a KV head
       expect_splits_match(cpu, gpu, k, v, len, 4, 2, {1, 2}, what);        // 2 heads x 2 tokens (causal)
+      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0, 1, 2, 3}, what);  // 1 row a KV head (the one-row form)
     }
   }
 }

@@ -427,33 +427,42 @@ struct GroupState {
 };
 
 // One online-softmax step of a query row in the tensor-core kernels: this
-// lane holds NT x 2 of the row's scores and the row's other lanes are those
+// lane holds N of the row's scores and the row's other lanes are those
 // reached by the XOR shuffles. Weights into pw, the row's max m and sum l
-// updated; returns the factor (1 when none) by which the caller must scale
-// the row's accumulators.
-template <int NT, int... XOR>
-__device__ __forceinline__ float softmax_step(const float (&s)[NT][2], float& m, float& l, float (&pw)[NT][2]) {
-  float mt = s[0][0];
+// (this lane's share) updated; returns the factor (1 when none) by which the
+// caller must scale the row's accumulators.
+template <int N, int... XOR>
+__device__ __forceinline__ float softmax_step(const float (&s)[N], float& m, float& l, float (&pw)[N]) {
+  float mt = s[0];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) mt = fmaxf(mt, fmaxf(s[nt][0], s[nt][1]));
+  for (int e = 1; e < N; ++e) mt = fmaxf(mt, s[e]);
   ((mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, XOR))), ...);
   const float mnew = fmaxf(m, mt);
   if (mnew == -INFINITY) {
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) pw[nt][0] = pw[nt][1] = 0.0f;
+    for (int e = 0; e < N; ++e) pw[e] = 0.0f;
     return 1.0f;
   }
   const float corr = fast_exp2(m - mnew);
   float sum = 0.0f;
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      pw[nt][i] = fast_exp2(s[nt][i] - mnew);
-      sum += pw[nt][i];
-    }
+  for (int e = 0; e < N; ++e) {
+    pw[e] = fast_exp2(s[e] - mnew);
+    sum += pw[e];
+  }
   l = l * corr + sum;
   m = mnew;
+  return corr;
+}
+// The same with the scores as NT x 2 (s[nt][i] is score 2 nt + i).
+template <int NT, int... XOR>
+__device__ __forceinline__ float softmax_step(const float (&s)[NT][2], float& m, float& l, float (&pw)[NT][2]) {
+  float sf[2 * NT], pf[2 * NT];
+#pragma unroll
+  for (int e = 0; e < 2 * NT; ++e) sf[e] = s[e / 2][e % 2];
+  const float corr = softmax_step<2 * NT, XOR...>(sf, m, l, pf);
+#pragma unroll
+  for (int e = 0; e < 2 * NT; ++e) pw[e / 2][e % 2] = pf[e];
   return corr;
 }
 
@@ -1498,7 +1507,7 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
 }
 
-template <int KB, int VB, int META, int GS, bool PAIR = false>
+template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   extern __shared__ __align__(16) unsigned char ring[];
@@ -1537,7 +1546,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
     for (int r = 0; r < kTmmaRows; ++r) {
       bool ok;
-      const float* qr = tmma_qrow(p, b, h, row0 + r, ok);
+      const float* qr = tmma_qrow(p, b, h, row0 + (ONE ? 0 : r), ok);  // ONE: the row in every slot
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
@@ -1572,13 +1581,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   }
   __syncthreads();
   // Row t (C columns 2t, 2t + 1): its qstep, per-k-step sums of q, causal limit.
+  const int trow = row0 + (ONE ? 0 : t);
   bool tvalid;
-  tmma_qrow(p, b, h, row0 + t, tvalid);
+  tmma_qrow(p, b, h, trow, tvalid);
   float qs[4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) qs[ks] = sq_sum[t][ks];
   const float qstep_t = q16_step(sq_max[t]);
-  const std::int64_t limit = tvalid ? p.kv_len - p.Sq + (row0 + t) % p.Sq : -1;
+  const std::int64_t limit = tvalid ? p.kv_len - p.Sq + trow % p.Sq : -1;
   // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
   // channels of k = 4t + j (slice register 2t) and 16 + 4t + j (2t + 1). Each
   // thread rounds its own channel of the 4 rows once and puts the two bytes
@@ -1639,74 +1649,99 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     const unsigned char* stage;
     int lo, hi, live;  // unmasked local tokens [lo, hi]; rows [0, live) hold tokens
   };
+  //
+  // ONE (one query row a KV head): the row sits in all four slots, so every lane's MMAs give the
+  // row's integer sums of its tokens base + 16 mt + 8 i + g; the lane keeps those of token
+  // (mt, i) = (t / 2, t % 2) of each tile (its "own" token) and does that token's scalar work alone
+  // (score, mask, exponential, value weight: a quarter of the lanes' work without it, where lanes
+  // t > 0 had empty rows), the softmax spanning all 32 lanes. The value MMAs stay as they are: every
+  // slot's columns hold the row's weights, so lanes t = 0..3 accumulate the same sums.
   auto warp_tile = [&](const Half(&hv)[2], auto halves, auto full) {
     constexpr int H = decltype(halves)::value;
     constexpr bool FULL = decltype(full)::value;
     const int base = warp * 32;
+    // The lane's tokens: e = 4 h + 2 mt + i (ONE: e = h, at mt = t / 2, i = t % 2).
+    constexpr int kTok = ONE ? H : 4 * H;
+    const auto token = [&](int e) {
+      const int mt = ONE ? t >> 1 : (e >> 1) & 1, i = ONE ? t & 1 : e & 1;
+      return base + 16 * mt + 8 * i + g;
+    };
+    const auto tile_of = [](int e) { return ONE ? e : e >> 2; };
+    // A token's score, qstep sum_kg ksc_kg I_kg + sum_kg klo_kg qg_kg over the key metadata groups
+    // (its kNG scales and minima by one vector load each), or -inf where masked.
+    const auto token_score = [&](const Half& hf, const int(&Ik)[kNG], int local) {
+      float ksc[kNG], klo[kNG], sa = 0.0f, sb = 0.0f;
+      const int mo = (local << kgs) * mb;
+      load_meta_row<META, kNG>(hf.stage + lay.ksc + mo, ksc);
+      load_meta_row<META, kNG>(hf.stage + lay.klo + mo, klo);
+#pragma unroll
+      for (int kg = 0; kg < kNG; ++kg) {
+        sa = fmaf(ksc[kg], static_cast<float>(Ik[kg]), sa);
+        sb = fmaf(klo[kg], qg[kg], sb);
+      }
+      const float sc = fmaf(sa, qstep_t, sb);
+      return (FULL || (local >= hf.lo && local <= hf.hi)) ? sc : -INFINITY;
+    };
 
-    // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g of tile h, in s[2 h + mt][i]
-    float s[2 * H][2];
+    // scores: lane (g, t) gets row t at tokens base + 16 mt + 8 i + g of tile h, in s[4 h + 2 mt + i]
+    // (ONE: its own token's, in s[h])
+    float s[kTok];
 #pragma unroll
-    for (int h = 0; h < H; ++h)
+    for (int h = 0; h < H; ++h) {
+      [[maybe_unused]] int own[kNG];  // ONE: the own token's integer sum of each key metadata group
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
-      const unsigned char* stage = hv[h].stage;
-      const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
-      unsigned sl0[4][2], sl1[4][2];  // rows g (token k0) and g + 8, each k-step's two slices
-      if constexpr (tmma_wide_keys<KB, GS>()) {
-        tmma_key_slices<KB, GS>(k0, t, sl0);
-        tmma_key_slices<KB, GS>(k0 + 8 * krow, t, sl1);
-      }
-      int c[4][4];
-#pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if constexpr (!tmma_wide_keys<KB, GS>()) {
-          key_slices<KB>(k0, ks, t, sl0[ks][0], sl0[ks][1]);
-          key_slices<KB>(k0 + 8 * krow, ks, t, sl1[ks][0], sl1[ks][1]);
+      for (int mt = 0; mt < 2; ++mt) {
+        const unsigned char* stage = hv[h].stage;
+        const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
+        unsigned sl0[4][2], sl1[4][2];  // rows g (token k0) and g + 8, each k-step's two slices
+        if constexpr (tmma_wide_keys<KB, GS>()) {
+          tmma_key_slices<KB, GS>(k0, t, sl0);
+          tmma_key_slices<KB, GS>(k0 + 8 * krow, t, sl1);
         }
-        const unsigned a[4] = {sl0[ks][0], sl1[ks][0], sl0[ks][1], sl1[ks][1]};
-        // one metadata group a row: the 4 k-steps accumulate in one chain of MMAs (no integer adds)
-        int(&ck)[4] = c[GS == 128 ? 0 : ks];
-        if (GS != 128 || ks == 0) ck[0] = ck[1] = ck[2] = ck[3] = 0;
-        imma<false, true>(ck, a, qb[ks][0], qb[ks][1]);
-      }
-      // Token g (+ 8 i): its score is qstep sum_kg ksc_kg I_kg + sum_kg klo_kg qg_kg over the key
-      // metadata groups (I: the group's integer sum, its k-steps' high and low columns), each
-      // token's kNG scales and minima by one vector load each.
-      float ksc[2][kNG], klo[2][kNG], sa[2] = {0.0f, 0.0f}, sb[2] = {0.0f, 0.0f};
+        int c[4][4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int mo = ((base + 16 * mt + 8 * i + g) << kgs) * mb;
-        load_meta_row<META, kNG>(stage + lay.ksc + mo, ksc[i]);
-        load_meta_row<META, kNG>(stage + lay.klo + mo, klo[i]);
-      }
-      int hs[2] = {0, 0}, ls[2] = {0, 0};
+        for (int ks = 0; ks < 4; ++ks) {
+          if constexpr (!tmma_wide_keys<KB, GS>()) {
+            key_slices<KB>(k0, ks, t, sl0[ks][0], sl0[ks][1]);
+            key_slices<KB>(k0 + 8 * krow, ks, t, sl1[ks][0], sl1[ks][1]);
+          }
+          const unsigned a[4] = {sl0[ks][0], sl1[ks][0], sl0[ks][1], sl1[ks][1]};
+          // one metadata group a row: the 4 k-steps accumulate in one chain of MMAs (no integer adds)
+          int(&ck)[4] = c[GS == 128 ? 0 : ks];
+          if (GS != 128 || ks == 0) ck[0] = ck[1] = ck[2] = ck[3] = 0;
+          imma<false, true>(ck, a, qb[ks][0], qb[ks][1]);
+        }
+        // I[i][kg]: token g + 8 i's integer sum over key metadata group kg (its k-steps' high and
+        // low columns)
+        int I[2][kNG];
+        int hs[2] = {0, 0}, ls[2] = {0, 0};
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0;
-        if (GS != 128 || ks == 0) hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
-        if ((ks + 1) % spg == 0) {
-          const int kg = ks / spg;
+        for (int ks = 0; ks < 4; ++ks) {
+          if (ks % spg == 0) hs[0] = hs[1] = ls[0] = ls[1] = 0;
+          if (GS != 128 || ks == 0) hs[0] += c[ks][0], ls[0] += c[ks][1], hs[1] += c[ks][2], ls[1] += c[ks][3];
+          if ((ks + 1) % spg == 0) {
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            sa[i] = fmaf(ksc[i][kg], static_cast<float>(hs[i] * 256 + ls[i]), sa[i]);
-            sb[i] = fmaf(klo[i][kg], qg[kg], sb[i]);
+            for (int i = 0; i < 2; ++i) I[i][ks / spg] = hs[i] * 256 + ls[i];
           }
         }
-      }
-      float sc[2];
+        if constexpr (ONE) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) sc[i] = fmaf(sa[i], qstep_t, sb[i]);
+          for (int kg = 0; kg < kNG; ++kg) {
+            const int pick = (t & 1) ? I[1][kg] : I[0][kg];
+            own[kg] = (mt == 0 || (t >> 1)) ? pick : own[kg];
+          }
+        } else {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int local = base + 16 * mt + 8 * i + g;
-        s[2 * h + mt][i] = (FULL || (local >= hv[h].lo && local <= hv[h].hi)) ? sc[i] : -INFINITY;
+          for (int i = 0; i < 2; ++i) s[4 * h + 2 * mt + i] = token_score(hv[h], I[i], base + 16 * mt + 8 * i + g);
+        }
       }
+      if constexpr (ONE) s[h] = token_score(hv[h], own, token(h));
     }
 
-    // online softmax of row t over the 32 H tokens (its 8 lanes: xor 4, 8, 16)
-    float pw[2 * H][2];
-    const float corr = softmax_step<2 * H, 4, 8, 16>(s, m, l, pw);
+    // online softmax of row t over the 32 H tokens (its 8 lanes: xor 4, 8, 16; ONE: all 32 lanes)
+    float pw[kTok], corr;
+    if constexpr (ONE) corr = softmax_step<kTok, 1, 2, 4, 8, 16>(s, m, l, pw);
+    else corr = softmax_step<kTok, 4, 8, 16>(s, m, l, pw);
     if (corr != 1.0f) {
 #pragma unroll
       for (int v = 0; v < 4; ++v) lacc[v] *= corr;
@@ -1723,33 +1758,29 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     unsigned wbg[kNG][H][2];
     float vsw;
     {
-      float u[kNG][H][2][2], umax[kNG], lsum[kNG];
+      float u[kNG][kTok], umax[kNG], lsum[kNG];
 #pragma unroll
       for (int v = 0; v < kNG; ++v) umax[v] = 0.0f, lsum[v] = 0.0f;
 #pragma unroll
-      for (int h = 0; h < H; ++h)
+      for (int e = 0; e < kTok; ++e) {
+        const Half& hf = hv[tile_of(e)];
+        const int local = token(e);
+        const int mo = (local << kgs) * mb;
+        float vs[kNG], vl[kNG];
+        if (FULL || local < hf.live) {
+          load_meta_row<META, kNG>(hf.stage + lay.vsc + mo, vs);
+          load_meta_row<META, kNG>(hf.stage + lay.vlo + mo, vl);
+        } else {  // stale rows: weight 0 either way, but their metadata could be NaN
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+          for (int v = 0; v < kNG; ++v) vs[v] = vl[v] = 0.0f;
+        }
 #pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int local = base + 16 * mt + 8 * i + g;
-            const int mo = (local << kgs) * mb;
-            float vs[kNG], vl[kNG];
-            if (FULL || local < hv[h].live) {
-              load_meta_row<META, kNG>(hv[h].stage + lay.vsc + mo, vs);
-              load_meta_row<META, kNG>(hv[h].stage + lay.vlo + mo, vl);
-            } else {  // stale rows: weight 0 either way, but their metadata could be NaN
-#pragma unroll
-              for (int v = 0; v < kNG; ++v) vs[v] = vl[v] = 0.0f;
-            }
-            const float pv = pw[2 * h + mt][i];
-#pragma unroll
-            for (int v = 0; v < kNG; ++v) {
-              u[v][h][mt][i] = pv * vs[v];
-              umax[v] = fmaxf(umax[v], u[v][h][mt][i]);
-              lsum[v] = fmaf(pv, vl[v], lsum[v]);
-            }
-          }
+        for (int v = 0; v < kNG; ++v) {
+          u[v][e] = pw[e] * vs[v];
+          umax[v] = fmaxf(umax[v], u[v][e]);
+          lsum[v] = fmaf(pw[e], vl[v], lsum[v]);
+        }
+      }
 #pragma unroll
       for (int v = 0; v < kNG; ++v) lacc[v] += lsum[v];
       // one step for all groups of the block: the rounding bound is in terms of the largest
@@ -1758,30 +1789,29 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 #pragma unroll
       for (int v = 1; v < kNG; ++v) um = fmaxf(um, umax[v]);
 #pragma unroll
-      for (int x = 4; x <= 16; x *= 2) um = fmaxf(um, __shfl_xor_sync(0xffffffffu, um, x));
+      for (int x = ONE ? 1 : 4; x <= 16; x *= 2) um = fmaxf(um, __shfl_xor_sync(0xffffffffu, um, x));
       const W16 w16 = w16_fast(um);
       vsw = w16.step;
       // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
-      // token 8 j + x is held by lane (x, row) as r[j / 2][j % 2].
+      // token 8 j + x is held by lane (x, row) as its e = 4 h + j (ONE: by lane (x, j) as its e = h).
       const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
 #pragma unroll
       for (int h = 0; h < H; ++h)
 #pragma unroll
         for (int v0 = 0; v0 < kNG; v0 += 2) {
           const int v1 = kNG > 1 ? v0 + 1 : v0;
-          unsigned r[2][2];
+          unsigned r[4];
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const unsigned r0 = w16.round_low16(u[v0][h][mt][i]);  // pick_bytes4 takes bytes 0, 1
-              r[mt][i] = kNG > 1 ? __byte_perm(r0, w16.round_low16(u[v1][h][mt][i]), 0x5410) : r0;
-            }
+          for (int j = 0; j < (ONE ? 1 : 4); ++j) {
+            const int e = ONE ? h : 4 * h + j;
+            const unsigned r0 = w16.round_low16(u[v0][e]);  // pick_bytes4 takes bytes 0, 1
+            r[j] = kNG > 1 ? __byte_perm(r0, w16.round_low16(u[v1][e]), 0x5410) : r0;
+          }
           unsigned a0[4], a1[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            a0[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src0);
-            a1[j] = __shfl_sync(0xffffffffu, r[j / 2][j % 2], src1);
+            a0[j] = __shfl_sync(0xffffffffu, r[ONE ? 0 : j], ONE ? 4 * t + j : src0);
+            a1[j] = __shfl_sync(0xffffffffu, r[ONE ? 0 : j], ONE ? 16 + 4 * t + j : src1);
           }
           wbg[v0][h][0] = pick_bytes4(a0[0], a0[1], a0[2], a0[3], wsel);
           wbg[v0][h][1] = pick_bytes4(a1[0], a1[1], a1[2], a1[3], wsel);
@@ -1892,7 +1922,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   __syncthreads();
   float(&sm_acc)[4][kTmmaRows][kD] = *reinterpret_cast<float(*)[4][kTmmaRows][kD]>(ring);
 #pragma unroll
-  for (int x = 4; x <= 16; x *= 2) {
+  for (int x = ONE ? 1 : 4; x <= 16; x *= 2) {  // ONE: every lane's own tokens
     l += __shfl_xor_sync(0xffffffffu, l, x);
 #pragma unroll
     for (int v = 0; v < 4; ++v) lacc[v] += __shfl_xor_sync(0xffffffffu, lacc[v], x);
@@ -2361,12 +2391,18 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
 // 128 channels); the token-major one also values of 2 or 4 bits.
 // The one-token-per-lane dp4a kernel needs groups of whole lanes (32, 64, 128).
 // SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
-// benchmarks). By default (measured, docs/performance.md): one or two rows per
-// KV head (multi-head decode) through attn_rs_kernel at groups of 32, 64 and
-// 128, else attn_fast_kernel; three or four (grouped-query decode) through
-// attn_tmma_kernel, more (wider groups, prefill) through attn_imma_kernel, 8
-// rows a launch.
+// benchmarks). By default (measured, docs/performance.md): one row per KV head
+// (multi-head decode) with 2-bit keys and values at group 128 through
+// attn_tmma_kernel's one-row form; other one or two rows per KV head through
+// attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
+// four (grouped-query decode) through attn_tmma_kernel, more (wider groups,
+// prefill) through attn_imma_kernel, 8 rows a launch.
 enum class Body { fast, imma, tmma, rs };
+// Settings whose single query row a KV head goes through the token-major kernel's one-row form by
+// default. Measured against the one-token-per-lane kernel (docs/performance.md, session 25): 7-15%
+// faster with 2-bit keys and values at group 128, tied at group 32, 13-17% slower with 4-bit ones
+// (its 4-bit value gathers cost more than the scalar work it saves); group 64 not measured.
+constexpr bool tmma_one_row(int kb, int vb, int group) { return kb == 2 && vb == 2 && group == 128; }
 int body_override() {  // -1: none
   static const int v = [] {
     const std::string s = env_switch("SKVQ_CUDA_BODY");
@@ -2387,6 +2423,7 @@ Body body_kernel(const AttnParams& p) {
     default: break;
   }
   if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
+  if (tmma && rows == 1 && tmma_one_row(p.k.bits, p.v.bits, p.group)) return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
   return rs && rows <= 2 ? Body::rs : Body::fast;
 }
@@ -2406,6 +2443,12 @@ bool tmma_pair(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_PAIR") != "0";
   return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= kPairMinTiles * kFastTile &&
          body_kernel(p) == Body::tmma;
+}
+// Whether the token-major kernel runs in its one-row form (attn_tmma_kernel's ONE): wherever it
+// takes a KV head with a single query row. SKVQ_CUDA_TMMA_ONE=0 turns it off (benchmarks).
+bool tmma_one(const AttnParams& p) {
+  static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
+  return on && (p.Hq / p.Hkv) * p.Sq == 1 && body_kernel(p) == Body::tmma;
 }
 // The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles): the
 // launch and the occupancy calculation size it alike.
@@ -2433,16 +2476,32 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   };
   if constexpr (VB == 2 || VB == 4) {
     if (body_kernel(p) == Body::tmma) {
+      auto tm = [&](auto gs, auto pair, auto one) {
+        constexpr int GS = decltype(gs)::value;
+        constexpr bool PAIR = decltype(pair)::value, ONE = decltype(one)::value;
+        by_meta(attn_tmma_kernel<KB, VB, 0, GS, PAIR, ONE>, attn_tmma_kernel<KB, VB, 1, GS, PAIR, ONE>,
+                attn_tmma_kernel<KB, VB, 2, GS, PAIR, ONE>);
+      };
+      auto by_group = [&](auto pair, auto one) {  // (tiles two at a time: groups of 64 or 128 only)
+        if (p.group == 32) {
+          if constexpr (!decltype(pair)::value) tm(std::integral_constant<int, 32>{}, pair, one);
+        } else if (p.group == 64) {
+          tm(std::integral_constant<int, 64>{}, pair, one);
+        } else {
+          tm(std::integral_constant<int, 128>{}, pair, one);
+        }
+      };
+      auto by_rows = [&](auto pair) {
+        if (tmma_one(p)) by_group(pair, std::true_type{});
+        else by_group(pair, std::false_type{});
+      };
       if constexpr (tmma_pairs(KB, VB, 64)) {
         if (tmma_pair(p)) {
-          if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64, true>, attn_tmma_kernel<KB, VB, 1, 64, true>, attn_tmma_kernel<KB, VB, 2, 64, true>);
-          else by_meta(attn_tmma_kernel<KB, VB, 0, 128, true>, attn_tmma_kernel<KB, VB, 1, 128, true>, attn_tmma_kernel<KB, VB, 2, 128, true>);
+          by_rows(std::true_type{});
           return;
         }
       }
-      if (p.group == 32) by_meta(attn_tmma_kernel<KB, VB, 0, 32>, attn_tmma_kernel<KB, VB, 1, 32>, attn_tmma_kernel<KB, VB, 2, 32>);
-      else if (p.group == 64) by_meta(attn_tmma_kernel<KB, VB, 0, 64>, attn_tmma_kernel<KB, VB, 1, 64>, attn_tmma_kernel<KB, VB, 2, 64>);
-      else by_meta(attn_tmma_kernel<KB, VB, 0, 128>, attn_tmma_kernel<KB, VB, 1, 128>, attn_tmma_kernel<KB, VB, 2, 128>);
+      by_rows(std::false_type{});
       return;
     }
   }
