@@ -1400,7 +1400,9 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 // tokens and metadata group) as the other integer paths (docs/numerics.md).
 constexpr int kTmmaRows = 4;
 // Blocks per SM the register budget allows: 5 (up to 102 registers a thread) measured 3-7% faster
-// than 6 (80) at grouped-query shapes in session 20 (docs/performance.md); -D to experiment.
+// than 6 (80) at grouped-query shapes in session 20, and again in session 25 for the kernels that
+// take one tile at a time, the one-row form among them, by 1-13% (docs/performance.md); -D to
+// experiment.
 #ifndef SKVQ_TMMA_MIN_BLOCKS
 #define SKVQ_TMMA_MIN_BLOCKS 5
 #endif
@@ -2435,7 +2437,8 @@ Body body_kernel(const AttnParams& p) {
 // And only where a block has at least kPairMinTiles tiles: with short blocks (B=1 Hkv=8: 4 tiles at
 // 32k, 13 at 128k) waiting for two tiles before the first work measured 3-6% slower, with 26 (B=8
 // Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster. p.split_len is 0 while the split count is chosen,
-// so the occupancy comes from the one-tile kernel: the same, at five blocks an SM.
+// so the occupancy it assumes is the fewer of the two kernels' (fast_blocks_per_sm; five blocks an
+// SM each by default).
 // SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks).
 constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
 constexpr std::int64_t kPairMinTiles = 16;
@@ -2587,9 +2590,17 @@ bool with_bits(int kb, int vb, F&& f) {
          pair(integral_constant<int, 8>{}, integral_constant<int, 4>{});
 }
 
+// The split count is chosen before a block's tile count is known (p.split_len 0): where blocks may
+// take their tiles two at a time (tmma_pair), the fewer of the two kernels' resident blocks.
 int fast_blocks_per_sm(const AttnParams& p) {
   int blocks = 1;
-  with_bits(p.k.bits, p.v.bits, [&](auto k, auto v) { blocks = fast_blocks_per_sm<decltype(k)::value, decltype(v)::value>(p); });
+  with_bits(p.k.bits, p.v.bits, [&](auto k, auto v) {
+    constexpr int KB = decltype(k)::value, VB = decltype(v)::value;
+    blocks = fast_blocks_per_sm<KB, VB>(p);
+    AttnParams paired = p;
+    paired.split_len = kPairMinTiles * kFastTile;
+    if (tmma_pair(paired)) blocks = std::min(blocks, fast_blocks_per_sm<KB, VB>(paired));
+  });
   return blocks;
 }
 
