@@ -5,6 +5,7 @@
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
+//        | --read-floor | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -12,15 +13,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "skvq/cuda.hpp"
 #include "skvq/skvq.hpp"
+#ifdef SKVQ_CUDA_TRACE
+#include "cuda/trace.hpp"
+#endif
 
 using namespace skvq;
 
@@ -143,6 +149,60 @@ double copy_bandwidth() {
   CHECK(cudaFree(a));
   CHECK(cudaFree(b));
   return 2.0 * static_cast<double>(n) / (ms * 1e-3);
+}
+
+// A kernel that only reads: every thread streams 16-byte loads, four in
+// flight, over the whole buffer (grid-stride), and keeps an XOR of them.
+__global__ void read_stream(const uint4* p, std::size_t n, unsigned* sink) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
+  unsigned x = 0;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = p[i], b = p[i + stride], c = p[i + 2 * stride], d = p[i + 3 * stride];
+    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = p[i];
+    x ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (x == 0x9e3779b9u) sink[blockIdx.x] = x;  // (keeps the loads)
+}
+
+// What reading N bytes costs by itself, at the sizes the decode table's
+// kernels read: the read-only kernel above, one call between two events (the
+// same buffer each call: warm L2) and per layer of an L-layer graph (buffers
+// of their own, 256 MB together: cold L2), as the decode table times them;
+// share of the copy bandwidth: --read-floor
+void read_floor() {
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const double bw = copy_bandwidth();
+  std::printf("copy bandwidth %.0f GB/s; read-only kernel, %d blocks of 256 threads\n\n", bw / 1e9, sms * 8);
+  std::printf("| MB read | one call ms | %% copy bw | L | graph ms | %% copy bw |\n|---|---|---|---|---|---|\n");
+  unsigned* sink;
+  CHECK(cudaMalloc(&sink, static_cast<std::size_t>(sms) * 8 * 4));
+  for (double mb : {4.7, 9.4, 18.9, 37.7, 75.5, 151.0, 302.0, 604.0, 1208.0, 2416.0}) {
+    const std::size_t n = static_cast<std::size_t>(mb * 1e6) / 16;
+    const int L = stack_layers(mb * 1e6);
+    std::vector<uint4*> bufs(L);
+    for (auto& b : bufs) {
+      CHECK(cudaMalloc(&b, n * 16));
+      random_half(reinterpret_cast<__half*>(b), n * 8, 3);
+    }
+    const auto launch = [&](int l, cudaStream_t s) {
+      read_stream<<<sms * 8, 256, 0, s>>>(bufs[l], n, sink);
+      CHECK(cudaGetLastError());
+    };
+    const double one = time_ms(50, [&] { launch(0, nullptr); });
+    const double graph = graph_ms(L, 50, launch);
+    const double bytes = static_cast<double>(n) * 16;
+    std::printf("| %.1f | %.4f | %.1f%% | %d | %.4f | %.1f%% |\n", bytes / 1e6, one, 100 * bytes / (one * 1e-3) / bw, L, graph,
+                100 * bytes / (graph * 1e-3) / bw);
+    std::printf("RESULT read_floor bytes=%.0f ms=%.5f graph_ms=%.5f layers=%d\n", bytes, one, graph, L);
+    for (auto& b : bufs) CHECK(cudaFree(b));
+  }
+  CHECK(cudaFree(sink));
 }
 
 struct Setting {
@@ -440,9 +500,77 @@ void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
   std::printf("\n");
 }
 
+#ifdef SKVQ_CUDA_TRACE
+// Per-block timestamps of one decode step, L2 cold (a 512 MB buffer written
+// before each call), three rounds: when the body's blocks start and end, how
+// long their tile loops and epilogues take, when the combine's blocks start,
+// leave their wait and end (us from the first body block's start):
+// --trace B Hkv T [SETTING]
+void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
+  const OneShape x(B, Hkv, T, setting);
+  const cuda::DeviceCache& c = *x.cache;
+  void* scratch = nullptr;
+  const std::size_t scratch_bytes = std::size_t{512} << 20;
+  CHECK(cudaMalloc(&scratch, scratch_bytes));
+  for (int i = 0; i < 3; ++i) c.attend_device(x.q, 32, 1, 0.088f, x.out);
+  const auto pct = [](std::vector<double> v, double f) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<std::size_t>(f * static_cast<double>(v.size())))];
+  };
+  for (int round = 0; round < 3; ++round) {
+    CHECK(cudaMemset(scratch, round, scratch_bytes));
+    cuda::trace::reset();
+    c.attend_device(x.q, 32, 1, 0.088f, x.out);
+    const std::vector<cuda::trace::Record> r = cuda::trace::fetch();
+    std::uint64_t base = UINT64_MAX;
+    for (const auto& e : r)
+      if (e.kind == cuda::trace::kBody) base = std::min(base, e.t0);
+    std::vector<double> b0, b_loop, b_epi, b2, c0, c1, c2;
+    std::vector<int> per_sm(1024, 0);
+    const auto us = [&](std::uint64_t t) { return (static_cast<double>(t) - static_cast<double>(base)) / 1e3; };
+    for (const auto& e : r) {
+      if (e.kind == cuda::trace::kBody) {
+        b0.push_back(us(e.t0)), b2.push_back(us(e.t2));
+        b_loop.push_back((static_cast<double>(e.t1) - static_cast<double>(e.t0)) / 1e3);
+        b_epi.push_back((static_cast<double>(e.t2) - static_cast<double>(e.t1)) / 1e3);
+        ++per_sm[e.sm % 1024];
+      } else {
+        c0.push_back(us(e.t0)), c1.push_back(us(e.t1)), c2.push_back(us(e.t2));
+      }
+    }
+    if (const char* dump = std::getenv("SKVQ_TRACE_DUMP")) {  // every record, for a closer look
+      if (std::FILE* f = std::fopen((std::string(dump) + "_" + std::to_string(round) + ".csv").c_str(), "w")) {
+        std::fprintf(f, "kind,sm,block,t0,t1,t2\n");
+        for (const auto& e : r)
+          std::fprintf(f, "%u,%u,%u,%.3f,%.3f,%.3f\n", e.kind, e.sm, e.block, us(e.t0), us(e.t1), us(e.t2));
+        std::fclose(f);
+      }
+    }
+    const int sms_used = static_cast<int>(std::count_if(per_sm.begin(), per_sm.end(), [](int n) { return n > 0; }));
+    const int most = *std::max_element(per_sm.begin(), per_sm.end());
+    std::printf("%s B=%d Hkv=%d T=%lld round %d: body %zu blocks on %d SMs (at most %d an SM)\n", setting.name, B, Hkv,
+                static_cast<long long>(T), round, b0.size(), sms_used, most);
+    std::printf("  body start (us) p50 %.2f p90 %.2f max %.2f | tile loop p0 %.2f p50 %.2f max %.2f | epilogue p50 %.2f max %.2f"
+                " | end p0 %.2f p10 %.2f p50 %.2f p90 %.2f max %.2f\n",
+                pct(b0, 0.5), pct(b0, 0.9), pct(b0, 1), pct(b_loop, 0), pct(b_loop, 0.5), pct(b_loop, 1), pct(b_epi, 0.5),
+                pct(b_epi, 1), pct(b2, 0), pct(b2, 0.1), pct(b2, 0.5), pct(b2, 0.9), pct(b2, 1));
+    std::printf("  combine %zu blocks: start p0 %.2f max %.2f | wait over p0 %.2f max %.2f | end p50 %.2f max %.2f\n", c0.size(),
+                pct(c0, 0), pct(c0, 1), pct(c1, 0), pct(c1, 1), pct(c2, 0.5), pct(c2, 1));
+  }
+  CHECK(cudaFree(scratch));
+}
+#endif
+
 int main(int argc, char** argv) {
   using ShapeMode = void (*)(int, int, std::int64_t, const Setting&);
-  const std::pair<const char*, ShapeMode> modes[] = {{"--one", one}, {"--streams", streams}, {"--splits", splits}};
+  const std::pair<const char*, ShapeMode> modes[] = {{"--one", one},
+                                                     {"--streams", streams},
+                                                     {"--splits", splits},
+#ifdef SKVQ_CUDA_TRACE
+                                                     {"--trace", trace_step},
+#endif
+  };
   const auto mode = argc >= 2 ? std::find_if(std::begin(modes), std::end(modes),
                                              [&](const auto& m) { return std::strcmp(argv[1], m.first) == 0; })
                               : std::end(modes);
@@ -460,6 +588,10 @@ int main(int argc, char** argv) {
       }
     }
     mode->second(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {
+    read_floor();
     return 0;
   }
   bool quick = false, scale = true, flush_only = false;

@@ -30,6 +30,7 @@
 #include "cuda/split_rule.hpp"
 #include "cuda/device_state.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/trace.hpp"
 
 namespace skvq::cuda {
 
@@ -96,6 +97,32 @@ __device__ __forceinline__ float fast_exp2(float x) {
 
 // 2^-k, exact, from its exponent bits (0 <= k < 127): the place value of a code slice k bits up.
 __device__ __forceinline__ float pow2_neg(int k) { return __uint_as_float(static_cast<unsigned>(127 - k) << 23); }
+
+// ---- per-block timestamps (cuda/trace.hpp; empty unless SKVQ_CUDA_TRACE) ----
+#ifdef SKVQ_CUDA_TRACE
+__device__ trace::Record g_trace[trace::kCapacity];
+__device__ unsigned g_trace_n;
+#endif
+__device__ __forceinline__ std::uint64_t trace_now() {
+#ifdef SKVQ_CUDA_TRACE
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ void trace_block([[maybe_unused]] std::uint32_t kind, [[maybe_unused]] std::uint64_t t0,
+                                           [[maybe_unused]] std::uint64_t t1) {
+#ifdef SKVQ_CUDA_TRACE
+  if (threadIdx.x != 0) return;
+  unsigned sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  const unsigned i = atomicAdd(&g_trace_n, 1u);
+  const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (i < trace::kCapacity) g_trace[i] = trace::Record{t0, t1, trace_now(), kind, sm, block, 0};
+#endif
+}
 
 // Programmatic dependent launch (sm_90): the pipelined kernels let the
 // combine kernel start while they run (each block signals at its start, so
@@ -910,6 +937,7 @@ __device__ __forceinline__ T reduce_scatter8(const T (&x)[8], int lane) {
 template <int KB, int VB, int NQ, int META, int GS>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
   static_assert(NQ == 1 || NQ == 2, "one or two query rows");
   constexpr int kSub = kFastTile / kGroups;  // 8 tokens per group and tile: one per lane
@@ -1083,7 +1111,9 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
     st.l[n] = group_sum(st.l[n]);
     if (GS == 128) st.lacc[n] = group_sum(st.lacc[n]);  // smaller groups: each lane's own group already
   }
+  const std::uint64_t trace_t1 = trace_now();
   write_partial<NQ, VB>(p, row0, split, b, h, lane, grp, st);
+  trace_block(trace::kBody, trace_t0, trace_t1);
 }
 
 // ---- integer tensor-core kernel for the packed body ----
@@ -1512,6 +1542,7 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB;
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1915,6 +1946,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
   }
 
+  const std::uint64_t trace_t1 = trace_now();
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kTmmaRows], sm_l[4][kTmmaRows];
   // The warps' accumulators in the ring: every copy into it has landed (the
@@ -1942,6 +1974,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  trace_block(trace::kBody, trace_t0, trace_t1);
 }
 
 // ---- tensor-core kernel for the packed body ----
@@ -2341,6 +2374,7 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
   const int j = threadIdx.x;
+  const std::uint64_t trace_t0 = trace_now();
   const int dst = vperm_all ? vperm_all[h * kD + j] : j;
   float Me = -INFINITY, Le = 0.0f, Ae = 0.0f;  // the exact tokens' part (none without EXACT)
   if constexpr (EXACT) {
@@ -2351,6 +2385,7 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
     Ae = ex_acc[0][dst];
   }
   wait_prerequisites();
+  const std::uint64_t trace_t1 = trace_now();
   const float* ms = p.ws_m + qrow * p.splits;
   const float* ls = p.ws_l + qrow * p.splits;
   const float* acc = p.ws_acc + qrow * p.splits * kD + j;
@@ -2386,6 +2421,7 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
     for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], s + u < p.splits ? sw[s + u] : 0.0f, A[u % 4]);
   }
   out[qrow * kD + dst] = ((A[0] + A[1]) + (A[2] + A[3])) / L;
+  trace_block(trace::kCombine, trace_t0, trace_t1);
 }
 
 // Which pipelined kernel takes the packed body. The integer tensor-core
@@ -2823,5 +2859,23 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   cfg.numAttrs = fast && dependent_launch_supported() ? 1 : 0;
   SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine, static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out));
 }
+
+#ifdef SKVQ_CUDA_TRACE
+namespace trace {
+void reset() {
+  const unsigned zero = 0;
+  SKVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  SKVQ_CUDA_CHECK(cudaMemcpyToSymbol(g_trace_n, &zero, sizeof zero));
+}
+std::vector<Record> fetch() {
+  unsigned n = 0;
+  SKVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n));
+  std::vector<Record> r(std::min(n, kCapacity));
+  if (!r.empty()) SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), g_trace, r.size() * sizeof(Record)));
+  return r;
+}
+}  // namespace trace
+#endif
 
 }  // namespace skvq::cuda
