@@ -526,6 +526,11 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
     std::uint64_t base = UINT64_MAX;
     for (const auto& e : r)
       if (e.kind == cuda::trace::kBody) base = std::min(base, e.t0);
+    if (base == UINT64_MAX) {  // (the traced body kernels: attn_tmma_kernel and attn_rs_kernel)
+      std::fprintf(stderr, "bench_cuda --trace: %s B=%d Hkv=%d T=%lld runs a body kernel without timestamps\n", setting.name, B,
+                   Hkv, static_cast<long long>(T));
+      break;
+    }
     std::vector<double> b0, b_loop, b_epi, b2, c0, c1, c2;
     std::vector<int> per_sm(1024, 0);
     const auto us = [&](std::uint64_t t) { return (static_cast<double>(t) - static_cast<double>(base)) / 1e3; };
@@ -540,12 +545,15 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
       }
     }
     if (const char* dump = std::getenv("SKVQ_TRACE_DUMP")) {  // every record, for a closer look
-      if (std::FILE* f = std::fopen((std::string(dump) + "_" + std::to_string(round) + ".csv").c_str(), "w")) {
-        std::fprintf(f, "kind,sm,block,t0,t1,t2\n");
-        for (const auto& e : r)
-          std::fprintf(f, "%u,%u,%u,%.3f,%.3f,%.3f\n", e.kind, e.sm, e.block, us(e.t0), us(e.t1), us(e.t2));
-        std::fclose(f);
+      const std::string path = std::string(dump) + "_" + std::to_string(round) + ".csv";
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      if (f == nullptr) {
+        std::fprintf(stderr, "bench_cuda --trace: SKVQ_TRACE_DUMP: cannot write '%s'\n", path.c_str());
+        std::exit(1);
       }
+      std::fprintf(f, "kind,sm,block,t0,t1,t2\n");
+      for (const auto& e : r) std::fprintf(f, "%u,%u,%u,%.3f,%.3f,%.3f\n", e.kind, e.sm, e.block, us(e.t0), us(e.t1), us(e.t2));
+      std::fclose(f);
     }
     const int sms_used = static_cast<int>(std::count_if(per_sm.begin(), per_sm.end(), [](int n) { return n > 0; }));
     const int most = *std::max_element(per_sm.begin(), per_sm.end());
