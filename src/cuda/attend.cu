@@ -250,7 +250,7 @@ struct GroupState {
   unsigned one;  // 0x3F800000 (see LaneCodes::frac)
 
   __device__ __forceinline__ void init(const AttnParams& p, int b, int h, int row0, int lane, const int* kperm) {
-    const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+    const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
     one = 0x3F800000u | static_cast<unsigned>(p.Sq <= 0);  // Sq >= 1: the constant, opaque to ptxas
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
@@ -505,7 +505,7 @@ __device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a 
 // this block to the workspace slot `out_split`.
 __device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, int n_parts,
                                              int rows, const float* pm, const float* pl, const float* pacc) {
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
   for (int e = threadIdx.x; e < rows * kD; e += blockDim.x) {
     const int n = e / kD, j = e % kD;
     const int row = row0 + n;
@@ -1202,7 +1202,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
   constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
   // metadata groups of GS = 32, 64 or 128 channels: 1, 2 or 4 k-steps (and value n-tile sets) a group
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
@@ -1533,7 +1533,7 @@ __device__ __forceinline__ void load_meta_row(const unsigned char* p, float (&x)
 }
 
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq;
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
   valid = row < n_rows;
   const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
@@ -2030,7 +2030,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int gid = lane / 4, tig = lane % 4;
-  const int G = p.Hq / p.Hkv, n_rows = G * p.Sq, mb = p.meta_bytes;
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows(), mb = p.meta_bytes;
   const int Gk = p.k.G, Gv = p.v.G, gsz = p.group;
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
@@ -2252,7 +2252,7 @@ void allow_smem(Kernel kernel, int smem) {
 
 template <int KB, int VB>
 void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
-  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const int n_rows = p.query_rows();
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = kStages * FastLayout<kMmaTile>(p).stage;
   for (int row = 0; row < n_rows; row += 8) {
@@ -2452,7 +2452,7 @@ Body body_kernel(const AttnParams& p) {
   const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
   const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4);
   const bool rs = groups;  // metadata groups of whole lanes (16 channels)
-  const int rows = (p.Hq / p.Hkv) * p.Sq;
+  const int rows = p.query_rows();
   switch (body_override()) {
     case 0: return Body::fast;
     case 1: return imma ? Body::imma : Body::fast;
@@ -2487,7 +2487,7 @@ bool tmma_pair(const AttnParams& p) {
 // takes a KV head with a single query row. SKVQ_CUDA_TMMA_ONE=0 turns it off (benchmarks).
 bool tmma_one(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
-  return on && (p.Hq / p.Hkv) * p.Sq == 1 && body_kernel(p) == Body::tmma;
+  return on && p.query_rows() == 1 && body_kernel(p) == Body::tmma;
 }
 // The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles): the
 // launch and the occupancy calculation size it alike.
@@ -2570,7 +2570,7 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
 
 template <int KB, int VB>
 void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
-  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const int n_rows = p.query_rows();
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = fast_ring_bytes(p);
   for (int row = 0; row < n_rows;) {
@@ -2591,7 +2591,7 @@ template <int KB, int VB>
 int fast_blocks_per_sm(const AttnParams& p) {
   const int smem = fast_ring_bytes(p);
   int blocks = 0;
-  with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, (p.Hq / p.Hkv) * p.Sq), [&](auto kernel) {
+  with_fast_kernel<KB, VB>(p, fast_rows_per_launch(p, p.query_rows()), [&](auto kernel) {
     static std::mutex mu;
     static std::map<std::pair<const void*, int>, int> cache;
     const std::lock_guard<std::mutex> lock(mu);
@@ -2656,7 +2656,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
 
 template <int KB, int VB, bool DENSE>
 void launch_rows(const AttnParams& p, cudaStream_t stream) {
-  const int n_rows = (p.Hq / p.Hkv) * p.Sq;
+  const int n_rows = p.query_rows();
   const dim3 grid(p.splits, p.Hkv, p.B);
   int row = 0;
   while (row < n_rows) {

@@ -111,50 +111,44 @@ SKVQ_UNROLL
     return ok;
   }
 
-  // After every slot of the group went through add2 / add1 (g slots, gmin
-  // and gmax their extremes, all finite): true and the spec's choice in
-  // `best` when certified; false when the intervals overlap or the bound
-  // does not apply (then sum the errors exactly).
-  SKVQ_HD bool choose(const float (&lo)[NA], const float (&scale)[NA], float gmin, float gmax, int g, int& best) const {
+  // The radius of one factor's interval around C = RN(s^2 P): s its scale,
+  // P its estimate, qm = 1 + the larger |quotient| at the group's extremes,
+  // ci = |c0|, alo = |lo|, bey = how far a quotient at an extreme lies past
+  // the codes (0 inside), with the group's g slots (docs/numerics.md). Every
+  // term is a sum or product of non-negative values, non-decreasing in each
+  // argument: at the factors' largest arguments it bounds every factor's.
+  SKVQ_HD float radius(float s, float P, float qm, float ci, float alo, float bey, float C, int g) const {
     const float fg = static_cast<float>(g);
     const float m = static_cast<float>((g + 1) / 2 + 1);  // roundings in a slot's path through its sum
-    const float gam_p = mul_rn(m * 1.001f, kU);              // the proxy's sums (two halves, then their sum)
-    const float gam_e = mul_rn(fg * 1.001f, kU);             // the spec's sum of g terms in order
-    float C[NA], R[NA];
-SKVQ_UNROLL
-    for (int a = 0; a < NA; ++a) {
-      const float s = scale[a], s2 = mul_rn(s, s);
-      const float avmin = quotient(gmin, a), avmax = quotient(gmax, a);
-      const float ci = abs_f(c0[a]);
-      const float amax = max_f(abs_f(avmin), abs_f(avmax));
-      // |av - q| <= 2^-24 (2.01 |q| + 1.01 |c0|) for q = (x - lo) / scale exactly; with |c0|, |av| <= 2^20
-      // every |q| of the group is below amax + 1 (q is monotonic in x)
-      if (!(ci <= 0x1p20f && amax <= 0x1p20f && s > 0.0f)) return false;
-      const float qm = amax + 1.0f;
-      const float eu = kU * (2.01f * qm + 1.01f * ci) + 0x1p-120f;  // (+ a subnormal's absolute error)
-      // largest distance to a code (0.5 inside the range, more for a clipped end)
-      const float beyond = max_f(max_f(-avmin, avmax - levels), 0.0f) + eu;
-      const float dm = max_f(0.5f, beyond) + eu;
-      // the proxy: each |d| within eta of the exact distance; the squares' sum within ep of P
-      const float eta = eu + kU * (dm + eu);
-      const float P = add_rn(even[a], odd[a]);
-      const float ep = gam_p * P * 1.001f + fg * (2.0f * dm * eta + eta * eta);
-      // the spec: codes from RN(RN(x - lo) / scale) (within epsq of q), reconstructions rounded twice,
-      // differences and squares rounded, g terms summed in order (a subnormal square: 2^-149 off)
-      const float epsq = 2.01f * kU * qm + 0x1p-120f;
-      const float rho = kU * (2.01f * levels * s + abs_f(lo[a]));
-      const float em = s * (dm + 2.0f * epsq);
-      const float etas = rho + kU * (em + rho);
-      const float term = 2.0f * em * etas + etas * etas + kU * (em + etas) * (em + etas) +
-                         s2 * (4.0f * dm * epsq + 4.0f * epsq * epsq) + 0x1p-140f;
-      const float nup = s2 * (P + ep);
-      const float ec = fg * term + gam_e * (nup + fg * term);
-      C[a] = mul_rn(s2, P);
-      // every term above is a sum or product of non-negative values: a 2^-10 slack covers their roundings
-      R[a] = (s2 * ep + ec) * (1.0f + 0x1p-10f) + 4.0f * kU * C[a];
-      if (!(R[a] < 0x1p100f && C[a] < 0x1p100f)) return false;
-    }
-    int b = 0;
+    const float gam_p = mul_rn(m * 1.001f, kU);                               // the proxy's sums (two halves, then their sum)
+    const float gam_e = mul_rn(fg * 1.001f, kU);                              // the spec's sum of g terms in order
+    const float s2 = mul_rn(s, s);
+    // |av - q| <= 2^-24 (2.01 |q| + 1.01 |c0|) for q = (x - lo) / scale exactly; with |c0|, |av| <= 2^20
+    // every |q| of the group is below qm (q is monotonic in x)
+    const float eu = kU * (2.01f * qm + 1.01f * ci) + 0x1p-120f;  // (+ a subnormal's absolute error)
+    // largest distance to a code (0.5 inside the range, more for a clipped end)
+    const float dm = max_f(0.5f, bey + eu) + eu;
+    // the proxy: each |d| within eta of the exact distance; the squares' sum within ep of P
+    const float eta = eu + kU * (dm + eu);
+    const float ep = gam_p * P * 1.001f + fg * (2.0f * dm * eta + eta * eta);
+    // the spec: codes from RN(RN(x - lo) / scale) (within epsq of q), reconstructions rounded twice,
+    // differences and squares rounded, g terms summed in order (a subnormal square: 2^-149 off)
+    const float epsq = 2.01f * kU * qm + 0x1p-120f;
+    const float rho = kU * (2.01f * levels * s + alo);
+    const float em = s * (dm + 2.0f * epsq);
+    const float etas = rho + kU * (em + rho);
+    const float term = 2.0f * em * etas + etas * etas + kU * (em + etas) * (em + etas) +
+                       s2 * (4.0f * dm * epsq + 4.0f * epsq * epsq) + 0x1p-140f;
+    const float nup = s2 * (P + ep);
+    const float ec = fg * term + gam_e * (nup + fg * term);
+    // every term above is a sum or product of non-negative values: a 2^-10 slack covers their roundings
+    return (s2 * ep + ec) * (1.0f + 0x1p-10f) + 4.0f * kU * C;
+  }
+
+  // Whether the smallest C (its factor in b) lies clear of every other
+  // factor's interval, each factor's radius R[a].
+  SKVQ_HD static bool separated(const float (&C)[NA], const float (&R)[NA], int& b) {
+    b = 0;
 SKVQ_UNROLL
     for (int a = 1; a < NA; ++a)
       if (C[a] < C[b]) b = a;
@@ -165,8 +159,54 @@ SKVQ_UNROLL
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a)
       if (a != b) ok = ok && (C[a] - R[a]) - top > 0x1p-19f * (C[a] + C[b]);
-    best = b;
     return ok;
+  }
+
+  // After every slot of the group went through add2 / add1 (g slots, gmin
+  // and gmax their extremes, all finite): true and the spec's choice in
+  // `best` when certified; false when the intervals overlap or the bound
+  // does not apply (then sum the errors exactly). One radius, at the
+  // factors' largest arguments, first serves every factor (one evaluation
+  // instead of NA: nearly every ordinary group is certified by it); where it
+  // is too wide, each factor's own. `shared` (tests): whether the one radius
+  // certified the choice.
+  SKVQ_HD bool choose(const float (&lo)[NA], const float (&scale)[NA], float gmin, float gmax, int g, int& best,
+                      bool* shared = nullptr) const {
+    float C[NA], P[NA], qm[NA], ci[NA], bey[NA];
+    float smax = 0.0f, Pmax = 0.0f, qmax = 0.0f, cmax = 0.0f, lmax = 0.0f, bmax = 0.0f, Cmax = 0.0f;
+SKVQ_UNROLL
+    for (int a = 0; a < NA; ++a) {
+      const float s = scale[a];
+      const float avmin = quotient(gmin, a), avmax = quotient(gmax, a);
+      ci[a] = abs_f(c0[a]);
+      const float amax = max_f(abs_f(avmin), abs_f(avmax));
+      // the bound holds with |c0|, |a| <= 2^20 and a positive scale
+      if (!(ci[a] <= 0x1p20f && amax <= 0x1p20f && s > 0.0f)) return false;
+      qm[a] = amax + 1.0f;
+      bey[a] = max_f(max_f(-avmin, avmax - levels), 0.0f);
+      P[a] = add_rn(even[a], odd[a]);
+      C[a] = mul_rn(mul_rn(s, s), P[a]);
+      if (!(C[a] < 0x1p100f)) return false;
+      smax = max_f(smax, s), Pmax = max_f(Pmax, P[a]), qmax = max_f(qmax, qm[a]), cmax = max_f(cmax, ci[a]);
+      lmax = max_f(lmax, abs_f(lo[a])), bmax = max_f(bmax, bey[a]), Cmax = max_f(Cmax, C[a]);
+    }
+    float R[NA];
+    const float Rall = radius(smax, Pmax, qmax, cmax, lmax, bmax, Cmax, g);
+    if (Rall < 0x1p100f) {
+SKVQ_UNROLL
+      for (int a = 0; a < NA; ++a) R[a] = Rall;
+      if (separated(C, R, best)) {
+        if (shared) *shared = true;
+        return true;
+      }
+    }
+    if (shared) *shared = false;
+SKVQ_UNROLL
+    for (int a = 0; a < NA; ++a) {
+      R[a] = radius(scale[a], P[a], qm[a], ci[a], abs_f(lo[a]), bey[a], C[a], g);
+      if (!(R[a] < 0x1p100f)) return false;
+    }
+    return separated(C, R, best);
   }
 };
 

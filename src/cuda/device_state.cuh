@@ -37,6 +37,8 @@ struct AttnParams {
   int div_shift = 32;
   int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
+  // query rows a KV head serves: its Hq / Hkv query heads times Sq rows each
+  __host__ __device__ int query_rows() const { return (Hq / Hkv) * Sq; }
 };
 
 }  // namespace skvq::cuda

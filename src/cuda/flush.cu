@@ -6,6 +6,8 @@
 // checked against the host's division in tests/test_cuda.cpp).
 #include <cstdint>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -31,10 +33,19 @@ __device__ __forceinline__ float round_fmt(float v, int mant, int emin, float ma
   return copysignf(r, v);
 }
 
+// round_fmt(v, 10, -14, 65504) by the hardware's conversion: IEEE fp16 rounds to nearest, ties to
+// even, with the same quanta (2^-24 below 2^-14); where it overflows to infinity (|v| >= 65520), or
+// v is NaN, round_fmt saturates at 65504 with v's sign. Two conversions and a test instead of ~12
+// operations, ten times a group of the clip search.
+__device__ __forceinline__ float round_fp16_sat(float v) {
+  const float r = __half2float(__float2half_rn(v));
+  return fabsf(r) <= 65504.0f ? r : copysignf(65504.0f, v);
+}
+
 __device__ __forceinline__ void round_meta(int meta, float& lo, float& scale) {
   if (meta == 0) {
-    lo = round_fmt(lo, 10, -14, 65504.0f);
-    scale = fmaxf(round_fmt(scale, 10, -14, 65504.0f), 5.9604644775390625e-08f);
+    lo = round_fp16_sat(lo);
+    scale = fmaxf(round_fp16_sat(scale), 5.9604644775390625e-08f);
   } else if (meta == 2) {
     lo = round_fmt(lo, 3, -6, 448.0f);
     scale = fmaxf(round_fmt(scale, 3, -6, 448.0f), 0.001953125f);
@@ -327,10 +338,9 @@ __device__ __forceinline__ int choose_factor(const Factors<NA>& F, const GroupSl
 // lanes sums each factor on the group's own lane.
 template <int NA>
 __device__ __forceinline__ void exact_choices(const Factors<NA>& F, const GroupSlots& xs, bool need, unsigned lanes, float levels,
-                                              int& a, bool& chosen) {
+                                              float inv_g, int& a, bool& chosen) {
   const int lane = static_cast<int>(threadIdx.x & 31u);
   const int per = __popc(lanes) / NA;  // groups a pass
-  const float inv_g = __fdiv_rn(1.0f, static_cast<float>(xs.g));
   if (per == 0) {
     if (need) a = choose_factor<NA, false>(F, xs, levels, inv_g), chosen = true;
     return;
@@ -692,11 +702,14 @@ struct FlushGrid {
   FastDiv heads;     // H
 };
 
+// With the search (NA > 1) at least six blocks an SM: 80 registers a thread
+// instead of 94-105 (four blocks), with prefer_shared's carveout (1% faster,
+// session 27: the kernel is bound by its issue, not by its occupancy).
 // NA: the number of clip factors; BITS: the side's code width; kChoose: with
 // the search, every factor's codes by thresholds (1 and 2 bits, groups of 64
 // or more slots; at 32 five factors' thresholds cost more than they save).
 template <int NA, int BITS, bool kChoose = false>
-__global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
+__global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
   constexpr bool kUnits = flush_in_units(BITS, NA);
@@ -771,6 +784,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
   const bool row_live = rl < nr, sink_row = slot == 0 && t < f.n_sink;  // sinks stay exact: code bytes left zero
   // the lanes of this thread's warp (a block's last warp may be partial)
   const unsigned warp_lanes = nt - (tid & ~31) >= 32 ? 0xffffffffu : (1u << (nt - (tid & ~31))) - 1u;
+  [[maybe_unused]] const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));  // the spec's 1/g (once, not a group)
   for (int k = 0; k < G; ++k) {  // every lane, every group: the warp meets at exact_choices
     const int j0 = k * g, j1 = min(D, j0 + g);
     auto* out16 = reinterpret_cast<unsigned short*>(out + rl * L.out_stride + j0 * bits / 8);
@@ -808,7 +822,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
     if constexpr (NA > 1) {
       // finite groups the estimate could not certify: every factor's error summed exactly, a lane a
       // factor (the whole warp, so a group costs one pass over its slots, not five)
-      if (!f.exact_search) exact_choices<NA>(F, xs, work && finite && !chosen, warp_lanes, levels, a, chosen);
+      if (!f.exact_search) exact_choices<NA>(F, xs, work && finite && !chosen, warp_lanes, levels, inv_g, a, chosen);
     }
     if (work) {
       // At 1 and 2 bits, finite groups: codes by thresholds, unless one is not certified (then a quotient
@@ -816,7 +830,6 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
       constexpr bool kThresholds = BITS <= 2;
       constexpr int kL = kThresholds ? (1 << BITS) - 1 : 1;
       if constexpr (NA > 1) {
-        const float inv_g = __fdiv_rn(1.0f, static_cast<float>(g));
         if (!chosen && kChoose && kThresholds && finite) {
           float X[NA][kL];
           bool ok = true;
@@ -843,7 +856,8 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 1) quant_kernel(
         if (a == i) best_lo = F.lo[i], best_scale = F.scale[i], best_inv = F.inv[i];
       }
       // the group's real channels (j0 and j1 - j0 are multiples of 16); after the search at groups below 64
-      // slots by quotients (there the thresholds of the chosen factor measured 6% slower, 4.28 -> 4.53 ms)
+      // slots by quotients (there the thresholds of the chosen factor measured 6% slower, 4.28 -> 4.53 ms;
+      // in session 27, at 3.14 ms, the same within 0.2%)
       bool packed = false;
       if constexpr (kThresholds && (NA == 1 || kChoose)) {
         CodeThresholds<kThresholds ? BITS : 1> T;
@@ -948,6 +962,19 @@ const std::string& flush_mode() {
   return v;
 }
 
+// The largest shared-memory carveout for a flush kernel (once each): with the
+// search a block holds 80 registers a thread, so six blocks an SM fit in the
+// registers, and six blocks' rows (33.5 KiB each at P = 128) need the
+// carveout's top sizes (the driver's own choice left four blocks).
+static void prefer_shared(const void* kernel) {
+  static std::mutex mu;
+  static std::set<const void*> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (done.insert(kernel).second) {
+    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+  }
+}
+
 void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
   FlushParams f = flush;
   f.quotients_only = flush_mode() == "quotients";
@@ -967,6 +994,7 @@ void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
     if (L.bytes > 48 * 1024) {
       SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
     }
+    prefer_shared(reinterpret_cast<const void*>(kernel));
     const FlushGrid fg{FastDiv(static_cast<std::uint32_t>((f.window + R - 1) / R)), FastDiv(static_cast<std::uint32_t>(f.B * f.H)),
                          FastDiv(static_cast<std::uint32_t>(f.H))};
     kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R, fg);
