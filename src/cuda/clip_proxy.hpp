@@ -147,18 +147,21 @@ SKVQ_UNROLL
 
   // Whether the smallest C (its factor in b) lies clear of every other
   // factor's interval, each factor's radius R[a].
+  // (The smallest's C and R are carried as values: indexing C and R by b
+  // would put both arrays in local memory on the device.)
   SKVQ_HD static bool separated(const float (&C)[NA], const float (&R)[NA], int& b) {
     b = 0;
+    float Cb = C[0], Rb = R[0];
 SKVQ_UNROLL
     for (int a = 1; a < NA; ++a)
-      if (C[a] < C[b]) b = a;
-    const float top = C[b] + R[b];
+      if (C[a] < Cb) b = a, Cb = C[a], Rb = R[a];
+    const float top = Cb + Rb;
     // the chosen sum well above the smallest normal float times g (so sum * 1/g keeps the order)
-    if (!(C[b] - R[b] > 0x1p-95f)) return false;
+    if (!(Cb - Rb > 0x1p-95f)) return false;
     bool ok = true;
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a)
-      if (a != b) ok = ok && (C[a] - R[a]) - top > 0x1p-19f * (C[a] + C[b]);
+      if (a != b) ok = ok && (C[a] - R[a]) - top > 0x1p-19f * (C[a] + Cb);
     return ok;
   }
 
