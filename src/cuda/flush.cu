@@ -172,7 +172,7 @@ struct GroupSlots {
   template <typename F2, typename F1>
   __device__ __forceinline__ void pairs(F2&& f2, F1&& f1) const {
     const __half2* x2 = reinterpret_cast<const __half2*>(xs);
-#pragma unroll 4
+#pragma unroll 2
     for (int i = 0; i < g / 2; ++i) {
       const float2 v = __half22float2(x2[i]);
       f2(v.x, v.y);
