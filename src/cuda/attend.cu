@@ -2238,18 +2238,6 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
 // Lets `kernel` use up to `smem` bytes of dynamic shared memory. The
 // attribute is a host call per kernel; it is set once, to the largest size
 // asked for so far (occupancy depends on the size of each launch, not on it).
-template <typename Kernel>
-void allow_smem(Kernel kernel, int smem) {
-  static std::mutex mu;
-  static std::map<const void*, int> allowed;
-  const std::lock_guard<std::mutex> lock(mu);
-  int& have = allowed[reinterpret_cast<const void*>(kernel)];
-  if (smem > have) {
-    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    have = smem;
-  }
-}
-
 template <int KB, int VB>
 void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = p.query_rows();

@@ -5,7 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "skvq/error.hpp"
 
@@ -27,6 +30,27 @@ namespace skvq::cuda {
 inline std::string env_switch(const char* name) {
   const char* e = std::getenv(name);
   return e != nullptr ? e : "";
+}
+
+// Raises a kernel's function attribute to at least `value`: the runtime is
+// called only when the value rises above what this process already set, so a
+// launch pays no attribute call after the first. For attributes whose larger
+// value only admits more: the dynamic shared memory a launch may take, the
+// shared-memory carveout.
+inline void raise_func_attribute(const void* kernel, cudaFuncAttribute attr, int value) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, int>, int> set;
+  const std::lock_guard<std::mutex> lock(mu);
+  int& have = set[{kernel, static_cast<int>(attr)}];
+  if (value > have) {
+    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
+    have = value;
+  }
+}
+// A launch of `kernel` with `smem` bytes of dynamic shared memory allowed.
+template <typename Kernel>
+void allow_smem(Kernel kernel, int smem) {
+  raise_func_attribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
 }
 
 // Metadata codes shared by kernels: 0 fp16, 1 fp32, 2 fp8 e4m3.

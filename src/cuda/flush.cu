@@ -6,8 +6,6 @@
 // checked against the host's division in tests/test_cuda.cpp).
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -704,7 +702,7 @@ struct FlushGrid {
 };
 
 // With the search (NA > 1) at least six blocks an SM: 80 registers a thread
-// instead of 94-105 (four blocks), with prefer_shared's carveout (1% faster,
+// instead of 94-105 (four blocks), with the largest shared-memory carveout (run_flush) (1% faster,
 // session 27: the kernel is bound by its issue, not by its occupancy).
 // NA: the number of clip factors; BITS: the side's code width; kChoose: with
 // the search, every factor's codes by thresholds (1 and 2 bits, groups of 64
@@ -968,19 +966,6 @@ const std::string& flush_mode() {
   return v;
 }
 
-// The largest shared-memory carveout for a flush kernel (once each): with the
-// search a block holds 80 registers a thread, so six blocks an SM fit in the
-// registers, and six blocks' rows (33.5 KiB each at P = 128) need the
-// carveout's top sizes (the driver's own choice left four blocks).
-static void prefer_shared(const void* kernel) {
-  static std::mutex mu;
-  static std::set<const void*> done;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (done.insert(kernel).second) {
-    SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-  }
-}
-
 void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
   FlushParams f = flush;
   f.quotients_only = flush_mode() == "quotients";
@@ -997,10 +982,12 @@ void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
                 " needs " + std::to_string(blocks) + " blocks, more than a launch takes (2^31 - 1): append fewer tokens a call");
   }
   auto launch = [&](auto kernel) {
-    if (L.bytes > 48 * 1024) {
-      SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(L.bytes)));
-    }
-    prefer_shared(reinterpret_cast<const void*>(kernel));
+    if (L.bytes > 48 * 1024) allow_smem(kernel, static_cast<int>(L.bytes));
+    // The largest shared-memory carveout: with the search a block holds 80 registers a thread, so
+    // six blocks an SM fit in the registers, and six blocks' rows (33.5 KiB each at P = 128) need
+    // the carveout's top sizes (the driver's own choice left four blocks).
+    raise_func_attribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributePreferredSharedMemoryCarveout,
+                         cudaSharedmemCarveoutMaxShared);
     const FlushGrid fg{FastDiv(static_cast<std::uint32_t>((f.window + R - 1) / R)), FastDiv(static_cast<std::uint32_t>(f.B * f.H)),
                          FastDiv(static_cast<std::uint32_t>(f.H))};
     kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R, fg);
