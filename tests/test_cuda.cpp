@@ -224,28 +224,42 @@ ClipCase clip_case(const std::vector<float>& x, int bits, MetaType meta) {
   return c;
 }
 
-// The proxy's choice as the flush forms it: slots in pairs (even, odd), the
-// clamp left out where in_range says it cannot matter, then choose. Where it
-// is left out, the sums must be those with the clamp, bit for bit.
-bool clip_proxy_choice(const std::vector<float>& x, const ClipCase& c, int bits, int& best, bool* shared = nullptr) {
-  using Proxy = cuda::clip::ClipProxy<5>;
-  Proxy px(c.lo, c.inv, static_cast<float>((1 << bits) - 1)), clamped = px;
+// The proxy's choice as the flush forms it: slots in pairs (even, odd), then
+// choose; at 8 bits the clamp left out where in_range says it cannot matter,
+// and where it is left out the sums must be those with the clamp, bit for bit.
+template <int BITS>
+bool clip_proxy_choice_bits(const std::vector<float>& x, const ClipCase& c, int& best, bool* shared) {
+  using Proxy = cuda::clip::ClipProxy<5, BITS>;
+  Proxy px(c.lo, c.inv), clamped = px;
   const int g = static_cast<int>(x.size());
   const bool in_range = px.in_range(c.gmin, c.gmax);
+  if (Proxy::kFold) {
+    EXPECT_TRUE(in_range) << "bits " << BITS;
+  }
   for (int i = 0; i + 1 < g; i += 2) {
-    clamped.add2<true>(x[i], x[i + 1]);
-    if (in_range) px.add2<false>(x[i], x[i + 1]);
+    clamped.template add2<true>(x[i], x[i + 1]);
+    if (in_range) px.template add2<false>(x[i], x[i + 1]);
   }
   if (g % 2) {
-    clamped.add1<true>(x[g - 1]);
-    if (in_range) px.add1<false>(x[g - 1]);
+    clamped.template add1<true>(x[g - 1]);
+    if (in_range) px.template add1<false>(x[g - 1]);
   }
   if (!in_range) return clamped.choose(c.lo, c.scale, c.gmin, c.gmax, g, best, shared);
   for (int a = 0; a < 5; ++a) {
-    EXPECT_EQ(px.even[a], clamped.even[a]) << "bits " << bits << " factor " << a;
-    EXPECT_EQ(px.odd[a], clamped.odd[a]) << "bits " << bits << " factor " << a;
+    EXPECT_EQ(px.even[a], clamped.even[a]) << "bits " << BITS << " factor " << a;
+    EXPECT_EQ(px.odd[a], clamped.odd[a]) << "bits " << BITS << " factor " << a;
   }
   return px.choose(c.lo, c.scale, c.gmin, c.gmax, g, best, shared);
+}
+
+bool clip_proxy_choice(const std::vector<float>& x, const ClipCase& c, int bits, int& best, bool* shared = nullptr) {
+  switch (bits) {
+    case 1: return clip_proxy_choice_bits<1>(x, c, best, shared);
+    case 2: return clip_proxy_choice_bits<2>(x, c, best, shared);
+    case 4: return clip_proxy_choice_bits<4>(x, c, best, shared);
+    case 8: return clip_proxy_choice_bits<8>(x, c, best, shared);
+    default: ADD_FAILURE() << "no proxy at " << bits << " bits"; return false;
+  }
 }
 
 TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {

@@ -54,36 +54,66 @@ SKVQ_HD float mul_rn(float a, float b) {
 }
 SKVQ_HD float min_f(float a, float b) { return a < b ? a : b; }
 SKVQ_HD float max_f(float a, float b) { return a > b ? a : b; }
-SKVQ_HD float abs_f(float a) { return a < 0.0f ? -a : a; }
+// (fabs, not a < 0 ? -a : a: that keeps -0 and costs a compare and a select; |a| is an operand
+// modifier of the FADD that takes it)
+SKVQ_HD float abs_f(float a) { return std::fabs(a); }
 
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: x + kMagic - kMagic = rint(x) for |x| < 2^22
 constexpr float kU = 0x1p-24f;         // unit roundoff of float32
 
-// NA factors of one group: lo, scale and inv = RN(1 / scale) as the flush
-// forms them (after the metadata rounding), levels = 2^bits - 1.
-template <int NA>
+// NA factors of one group at BITS-bit codes: lo, scale and inv = RN(1 /
+// scale) as the flush forms them (after the metadata rounding), levels L =
+// 2^BITS - 1.
+//
+// At 1, 2 and 4 bits (kFold) a slot's distance to the nearest code comes from
+// the quotient centred on the codes, a = RN(x * inv - cm) with cm = RN(c0 +
+// L / 2) (the codes then lie at +-0.5, +-1.5, .. +-L / 2), folded BITS times:
+// the codes are symmetric about 0, so |a| keeps the distance; the positive
+// ones about (L + 1) / 4, so | |a| - (L + 1) / 4 | keeps it; and so on down to
+// the last code, 0.5, whose distance is the last fold's |v - 0.5|. A clipped
+// end needs no clamp (past the last code the folds give the distance to it),
+// and a slot costs BITS + 2 operations a factor (2 bits: 4, against 5 for
+// rint by the 1.5 * 2^23 addition plus 2 for a clamp). At 8 bits the 8 folds
+// would cost more than rint and the clamp: there the distance is a - rint(a)
+// of the uncentred quotient, the clamp left out where in_range allows.
+template <int NA, int BITS>
 struct ClipProxy {
-  float inv[NA], c0[NA], even[NA], odd[NA];
-  float levels;
+  static constexpr bool kFold = BITS <= 4;
+  static constexpr float kLevels = static_cast<float>((1 << BITS) - 1);
+  static constexpr float kHalfL = kLevels * 0.5f;                   // exact
+  static constexpr float kFirstFold = static_cast<float>((1 << BITS) / 4 > 0 ? (1 << BITS) / 4 : 0);  // (L + 1) / 4
+  // (c0 = RN(lo * inv) is formed again where choose needs it: kept here as well, the search
+  // kernels' 80 registers a thread no longer held the slot loop without spills)
+  float inv[NA], cm[NA], even[NA], odd[NA];
 
-  SKVQ_HD ClipProxy(const float (&lo)[NA], const float (&inv_)[NA], float levels_) : levels(levels_) {
+  SKVQ_HD ClipProxy(const float (&lo)[NA], const float (&inv_)[NA]) {
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) {
       inv[a] = inv_[a];
-      c0[a] = mul_rn(lo[a], inv_[a]);
+      const float c0 = mul_rn(lo[a], inv_[a]);
+      cm[a] = kFold ? add_rn(c0, kHalfL) : c0;
       even[a] = odd[a] = 0.0f;
     }
   }
 
-  // (x - lo) / scale approximately, and the square of its distance to the
-  // nearest of 0 .. levels added to acc.
-  SKVQ_HD float quotient(float x, int a) const { return fma_rn(x, inv[a], -c0[a]); }
-  // kClamp false: only where in_range holds (then rint alone lands on a code).
+  // kFold: (x - lo) / scale - L / 2 approximately; else (x - lo) / scale.
+  SKVQ_HD float quotient(float x, int a) const { return fma_rn(x, inv[a], -cm[a]); }
+  // The square of the quotient's distance to the nearest of the codes added
+  // to acc. kClamp (8 bits only) false: only where in_range holds (then rint
+  // alone lands on a code).
   template <bool kClamp = true>
   SKVQ_HD void add(float x, int a, float& acc) const {
     const float av = quotient(x, a);
-    const float r = add_rn(add_rn(kClamp ? min_f(max_f(av, 0.0f), levels) : av, kMagic), -kMagic);
-    const float d = add_rn(av, -r);
+    float d;
+    if constexpr (kFold) {
+      d = av;
+SKVQ_UNROLL
+      for (int m = (1 << BITS) / 4; m >= 1; m /= 2) d = add_rn(abs_f(d), -static_cast<float>(m));
+      d = add_rn(abs_f(d), -0.5f);
+    } else {
+      const float r = add_rn(add_rn(kClamp ? min_f(max_f(av, 0.0f), kLevels) : av, kMagic), -kMagic);
+      d = add_rn(av, -r);
+    }
     acc = fma_rn(d, d, acc);
   }
   // Two slots (even, odd): two sums a factor, half as long (a smaller bound, more independent chains).
@@ -102,39 +132,40 @@ SKVQ_UNROLL
   }
   // Whether every quotient of the group (between those of its extremes: the
   // estimate is monotonic in x) lies in [-0.5, levels + 0.5), where rint
-  // already gives the nearest code and the clamp can be left out: at 1 and
-  // 2 bits nearly always (the clipped ends lie within 0.27 of the range).
+  // already gives the nearest code and the clamp can be left out (8 bits;
+  // the folds need no clamp: always true there).
   SKVQ_HD bool in_range(float gmin, float gmax) const {
+    if constexpr (kFold) return true;
     bool ok = true;
 SKVQ_UNROLL
-    for (int a = 0; a < NA; ++a) ok = ok && quotient(gmin, a) >= -0.5f && quotient(gmax, a) < add_rn(levels, 0.5f);
+    for (int a = 0; a < NA; ++a) ok = ok && quotient(gmin, a) >= -0.5f && quotient(gmax, a) < add_rn(kLevels, 0.5f);
     return ok;
   }
 
   // The radius of one factor's interval around C = RN(s^2 P): s its scale,
-  // P its estimate, qm = 1 + the larger |quotient| at the group's extremes,
-  // ci = |c0|, alo = |lo|, bey = how far a quotient at an extreme lies past
-  // the codes (0 inside), with the group's g slots (docs/numerics.md). Every
-  // term is a sum or product of non-negative values, non-decreasing in each
-  // argument: at the factors' largest arguments it bounds every factor's.
-  SKVQ_HD float radius(float s, float P, float qm, float ci, float alo, float bey, float C, int g) const {
+  // P its estimate, qm a bound on every |q| of the group (q = (x - lo) /
+  // scale exactly), alo = |lo|, bey = how far a quotient at an extreme lies
+  // past the codes (0 inside), eu a bound on |a - q| (a the estimate's
+  // quotient, centred or not), ef (kFold) a bound on the folds' roundings,
+  // with the group's g slots (docs/numerics.md). Every term is a sum or
+  // product of non-negative values, non-decreasing in each argument: at the
+  // factors' largest arguments it bounds every factor's.
+  SKVQ_HD static float radius(float s, float P, float qm, float alo, float bey, float C, float eu, float ef, int g) {
     const float fg = static_cast<float>(g);
     const float m = static_cast<float>((g + 1) / 2 + 1);  // roundings in a slot's path through its sum
     const float gam_p = mul_rn(m * 1.001f, kU);                               // the proxy's sums (two halves, then their sum)
     const float gam_e = mul_rn(fg * 1.001f, kU);                              // the spec's sum of g terms in order
     const float s2 = mul_rn(s, s);
-    // |av - q| <= 2^-24 (2.01 |q| + 1.01 |c0|) for q = (x - lo) / scale exactly; with |c0|, |av| <= 2^20
-    // every |q| of the group is below qm (q is monotonic in x)
-    const float eu = kU * (2.01f * qm + 1.01f * ci) + 0x1p-120f;  // (+ a subnormal's absolute error)
     // largest distance to a code (0.5 inside the range, more for a clipped end)
     const float dm = max_f(0.5f, bey + eu) + eu;
-    // the proxy: each |d| within eta of the exact distance; the squares' sum within ep of P
-    const float eta = eu + kU * (dm + eu);
+    // the proxy: each |d| within eta of the exact distance (the quotient's error, then the
+    // distance's own roundings: the folds', or d = RN(a - rint(a))'s); the squares' sum within ep of P
+    const float eta = eu + (kFold ? ef : kU * (dm + eu));
     const float ep = gam_p * P * 1.001f + fg * (2.0f * dm * eta + eta * eta);
     // the spec: codes from RN(RN(x - lo) / scale) (within epsq of q), reconstructions rounded twice,
     // differences and squares rounded, g terms summed in order (a subnormal square: 2^-149 off)
     const float epsq = 2.01f * kU * qm + 0x1p-120f;
-    const float rho = kU * (2.01f * levels * s + alo);
+    const float rho = kU * (2.01f * kLevels * s + alo);
     const float em = s * (dm + 2.0f * epsq);
     const float etas = rho + kU * (em + rho);
     const float term = 2.0f * em * etas + etas * etas + kU * (em + etas) * (em + etas) +
@@ -175,26 +206,39 @@ SKVQ_UNROLL
   // certified the choice.
   SKVQ_HD bool choose(const float (&lo)[NA], const float (&scale)[NA], float gmin, float gmax, int g, int& best,
                       bool* shared = nullptr) const {
-    float C[NA], P[NA], qm[NA], ci[NA], bey[NA];
-    float smax = 0.0f, Pmax = 0.0f, qmax = 0.0f, cmax = 0.0f, lmax = 0.0f, bmax = 0.0f, Cmax = 0.0f;
+    float C[NA], P[NA], qm[NA], bey[NA], eu[NA], ef[NA];
+    float smax = 0.0f, Pmax = 0.0f, qmax = 0.0f, lmax = 0.0f, bmax = 0.0f, Cmax = 0.0f, umax = 0.0f, fmax = 0.0f;
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) {
       const float s = scale[a];
       const float avmin = quotient(gmin, a), avmax = quotient(gmax, a);
-      ci[a] = abs_f(c0[a]);
+      const float ci = abs_f(mul_rn(lo[a], inv[a])), cc = abs_f(cm[a]);
       const float amax = max_f(abs_f(avmin), abs_f(avmax));
-      // the bound holds with |c0|, |a| <= 2^20 and a positive scale
-      if (!(ci[a] <= 0x1p20f && amax <= 0x1p20f && s > 0.0f)) return false;
-      qm[a] = amax + 1.0f;
-      bey[a] = max_f(max_f(-avmin, avmax - levels), 0.0f);
+      // the bound holds with |c0|, |cm|, |a| <= 2^20 and a positive scale
+      if (!(ci <= 0x1p20f && cc <= 0x1p20f && amax <= 0x1p20f && s > 0.0f)) return false;
+      if constexpr (kFold) {
+        // a = RN(x inv - cm) against q - L / 2: |x inv - c0 - q| <= u (|q| + 1.001 |c0|), cm is
+        // c0 + L / 2 within u |cm|, a rounds once; every |q| <= |a| + 1 + L / 2
+        qm[a] = amax + 1.0f + kHalfL;
+        bey[a] = max_f(amax - kHalfL, 0.0f);
+        eu[a] = kU * (2.01f * (amax + 1.0f) + 0.51f * kLevels + 1.01f * ci + 1.01f * cc) + 0x1p-120f;
+        // BITS folds, each rounding once a value of at most |a| + (L + 1) / 4 (each fold is 1-Lipschitz)
+        ef[a] = 1.01f * kU * static_cast<float>(BITS) * (amax + 1.0f + kFirstFold);
+      } else {
+        qm[a] = amax + 1.0f;
+        bey[a] = max_f(max_f(-avmin, avmax - kLevels), 0.0f);
+        // |av - q| <= 2^-24 (2.01 |q| + 1.01 |c0|) with |c0|, |av| <= 2^20 (+ a subnormal's absolute error)
+        eu[a] = kU * (2.01f * qm[a] + 1.01f * ci) + 0x1p-120f;
+        ef[a] = 0.0f;
+      }
       P[a] = add_rn(even[a], odd[a]);
       C[a] = mul_rn(mul_rn(s, s), P[a]);
       if (!(C[a] < 0x1p100f)) return false;
-      smax = max_f(smax, s), Pmax = max_f(Pmax, P[a]), qmax = max_f(qmax, qm[a]), cmax = max_f(cmax, ci[a]);
-      lmax = max_f(lmax, abs_f(lo[a])), bmax = max_f(bmax, bey[a]), Cmax = max_f(Cmax, C[a]);
+      smax = max_f(smax, s), Pmax = max_f(Pmax, P[a]), qmax = max_f(qmax, qm[a]), umax = max_f(umax, eu[a]);
+      fmax = max_f(fmax, ef[a]), lmax = max_f(lmax, abs_f(lo[a])), bmax = max_f(bmax, bey[a]), Cmax = max_f(Cmax, C[a]);
     }
     float R[NA];
-    const float Rall = radius(smax, Pmax, qmax, cmax, lmax, bmax, Cmax, g);
+    const float Rall = radius(smax, Pmax, qmax, lmax, bmax, Cmax, umax, fmax, g);
     if (Rall < 0x1p100f) {
 SKVQ_UNROLL
       for (int a = 0; a < NA; ++a) R[a] = Rall;
@@ -206,7 +250,7 @@ SKVQ_UNROLL
     if (shared) *shared = false;
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) {
-      R[a] = radius(scale[a], P[a], qm[a], ci[a], abs_f(lo[a]), bey[a], C[a], g);
+      R[a] = radius(scale[a], P[a], qm[a], abs_f(lo[a]), bey[a], C[a], eu[a], ef[a], g);
       if (!(R[a] < 0x1p100f)) return false;
     }
     return separated(C, R, best);
