@@ -3,7 +3,7 @@
 //   vs the project's fp16 kernel for B x Hkv x kv_len; a Llama-2-7B-shaped
 //   32-layer cache of 1M tokens. Prints tables and "RESULT ..." lines that
 //   scripts/gpu_report.py merges with PyTorch's numbers.
-// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)]
+// Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --read-floor | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
@@ -602,11 +602,12 @@ int main(int argc, char** argv) {
     read_floor();
     return 0;
   }
-  bool quick = false, scale = true, flush_only = false;
+  bool quick = false, scale = true, flush_only = false, scale_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--flush") == 0) flush_only = true;
     if (std::strcmp(argv[i], "--no-scale") == 0) scale = false;
+    if (std::strcmp(argv[i], "--scale") == 0) scale_only = true;  // the 1M-token cache alone
   }
   if (!cuda::available()) {
     std::printf("no GPU: %s\n", cuda::device_description().c_str());
@@ -616,6 +617,10 @@ int main(int argc, char** argv) {
   const double bw = copy_bandwidth();
   std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
   std::printf("RESULT copy gbs=%.1f\n", bw / 1e9);
+  if (scale_only) {
+    scale_test(quick ? 131072 : 1000000);
+    return 0;
+  }
   flush_table(bw, quick);
   if (flush_only) return 0;
   decode_table(bw, quick);
