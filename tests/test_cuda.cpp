@@ -325,6 +325,41 @@ TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {
 // Factors whose errors differ by less than the bound can separate (here two
 // factors that give the same lo and scale: equal errors) are never
 // certified; the caller sums exactly and the tie goes to the earlier factor.
+// The folds (1, 2 and 4 bits) give each slot's distance to the nearest code,
+// clipped ends included: one slot's term of the estimate against the
+// distance from the exact quotient (x - lo) / scale to the nearest of 0 ..
+// levels, in long double, within a few ulps of the quotient's size.
+template <int BITS>
+void check_fold_distances() {
+  std::mt19937 rng(29 + BITS);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const float levels = static_cast<float>((1 << BITS) - 1);
+  for (int it = 0; it < 20000; ++it) {
+    const float scale = f16_to_f32(f32_to_f16(std::ldexp(1.0f + 0.5f * (unit(rng) + 1.0f), static_cast<int>(rng() % 12) - 8)));
+    const float lo = f16_to_f32(f32_to_f16(scale * (8.0f * unit(rng)) + (it % 3 == 0 ? 50.0f * scale : 0.0f)));
+    // x from well below lo to well past the last code (clipped ends), and exact ties between codes
+    float x = lo + scale * (levels * 0.5f + (levels * 0.5f + 3.0f) * unit(rng));
+    if (it % 5 == 0) x = lo + scale * (static_cast<float>(rng() % (1 << BITS)) + 0.5f);
+    x = f16_to_f32(f32_to_f16(x));
+    const float lo1[1] = {lo}, inv1[1] = {1.0f / scale};
+    cuda::clip::ClipProxy<1, BITS> px(lo1, inv1);
+    px.add1(x);
+    const long double q = (static_cast<long double>(x) - lo) / scale;
+    const long double nearest = std::min<long double>(std::max<long double>(std::nearbyint(q), 0.0L), levels);
+    const long double D = std::fabs(q - nearest);
+    const long double d = std::sqrt(static_cast<long double>(px.even[0]));
+    const long double tol = 64.0L * 0x1p-24L * (std::fabs(q) + levels + std::fabs(static_cast<long double>(lo) / scale) + 1.0L);
+    ASSERT_NEAR(static_cast<double>(d), static_cast<double>(D), static_cast<double>(tol))
+        << "bits " << BITS << " x " << x << " lo " << lo << " scale " << scale;
+  }
+}
+
+TEST(Cuda, ClipProxyFoldsGiveTheDistanceToTheNearestCode) {
+  check_fold_distances<1>();
+  check_fold_distances<2>();
+  check_fold_distances<4>();
+}
+
 TEST(Cuda, CertifiedClipChoiceRefusesTies) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
