@@ -322,9 +322,6 @@ TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {
   std::printf("certified %ld of %ld ordinary groups, %ld by the one radius\n", ordinary.certified, ordinary.groups, ordinary.shared);
 }
 
-// Factors whose errors differ by less than the bound can separate (here two
-// factors that give the same lo and scale: equal errors) are never
-// certified; the caller sums exactly and the tie goes to the earlier factor.
 // The folds (1, 2 and 4 bits) give each slot's distance to the nearest code,
 // clipped ends included: one slot's term of the estimate against the
 // distance from the exact quotient (x - lo) / scale to the nearest of 0 ..
@@ -360,6 +357,9 @@ TEST(Cuda, ClipProxyFoldsGiveTheDistanceToTheNearestCode) {
   check_fold_distances<4>();
 }
 
+// Factors whose errors differ by less than the bound can separate (here two
+// factors that give the same lo and scale: equal errors) are never
+// certified; the caller sums exactly and the tie goes to the earlier factor.
 TEST(Cuda, CertifiedClipChoiceRefusesTies) {
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -2235,9 +2235,6 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
-// Lets `kernel` use up to `smem` bytes of dynamic shared memory. The
-// attribute is a host call per kernel; it is set once, to the largest size
-// asked for so far (occupancy depends on the size of each launch, not on it).
 template <int KB, int VB>
 void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = p.query_rows();

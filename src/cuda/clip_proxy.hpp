@@ -83,8 +83,8 @@ struct ClipProxy {
   static constexpr bool kFold = BITS <= 4;
   static constexpr float kLevels = static_cast<float>((1 << BITS) - 1);
   static constexpr float kHalfL = kLevels * 0.5f;                   // exact
-  // (c0 = RN(lo * inv) is formed again where choose needs it: kept here as well, the search
-  // kernels' 80 registers a thread no longer held the slot loop without spills)
+  // (c0 = RN(lo * inv) is not kept: choose forms it again where it needs it; with c0 as a fifth
+  // array the search kernels' 80 registers a thread no longer held the slot loop without spills)
   float inv[NA], cm[NA], even[NA], odd[NA];
 
   SKVQ_HD ClipProxy(const float (&lo)[NA], const float (&inv_)[NA]) {

@@ -47,7 +47,9 @@ inline void raise_func_attribute(const void* kernel, cudaFuncAttribute attr, int
     have = value;
   }
 }
-// A launch of `kernel` with `smem` bytes of dynamic shared memory allowed.
+// Lets `kernel` use up to `smem` bytes of dynamic shared memory: set once, to
+// the largest size asked for so far (occupancy depends on the size of each
+// launch, not on the attribute).
 template <typename Kernel>
 void allow_smem(Kernel kernel, int smem) {
   raise_func_attribute(reinterpret_cast<const void*>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
