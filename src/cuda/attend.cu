@@ -1268,7 +1268,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
     for (int n = 0; n < 4; ++n) acc[vg][n][0] = acc[vg][n][1] = 0.0f;
   }
   // value gathers: lane g takes byte (8 hh + g) of each group; the selector picks byte g % 4 of two words
-  const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
+  [[maybe_unused]] const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
 
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -1438,15 +1438,36 @@ constexpr int kTmmaRows = 4;
 #endif
 constexpr int kTmmaMinBlocks = SKVQ_TMMA_MIN_BLOCKS;
 
-// Row `row` of the query block, rounded as in the dp4a path: qstep, and the
-// row's q (log2 units) in the keys' stored channel order.
+// Whether attn_tmma_kernel takes its value codes by ldmatrix: where every 16-byte span of a value
+// row lies inside one metadata group (all but 2-bit values at groups of 32, whose groups are 8
+// bytes). One `ldmatrix.x4.trans` a span gives a lane b16 column g (bytes 2g, 2g + 1) of 32
+// tokens, rows 2t and 2t + 1 of each 8, and two byte permutes make the A registers of two
+// value sets from them: 1 load and 4 permutes for 4 registers, where word loads and a 4x4 byte
+// transpose took 12 instructions (groups of 128) and single-byte gathers 28 (groups of 32, 64).
+template <int GS, int VB>
+constexpr bool tmma_ldsm_values() {
+  return !(GS == 32 && VB == 2);
+}
 // The byte of a packed value row whose channels are A rows g and g + 8 of
-// value set `set` in attn_tmma_kernel: byte g of the set's 8 bytes, or with
-// one metadata group a row byte set % 4 of word g + 8 (set / 4), which lets a
-// lane transpose whole words.
-template <int GS>
+// value set `set` in attn_tmma_kernel: with ldmatrix, byte 2g + set % 2 of
+// span set / 2; otherwise byte g of the set's 8 bytes.
+template <int GS, int VB>
 __device__ __forceinline__ int tmma_vbyte(int set, int g) {
-  return GS == 128 ? 4 * (g + 8 * (set / 4)) + set % 4 : 8 * set + g;
+  return tmma_ldsm_values<GS, VB>() ? 16 * (set / 2) + 2 * g + set % 2 : 8 * set + g;
+}
+// The metadata group of value set `set` (every byte of a set lies in one group).
+template <int GS, int VB>
+__device__ __forceinline__ constexpr int tmma_vgroup(int set) {
+  return (tmma_ldsm_values<GS, VB>() ? 16 * (set / 2) : 8 * set) * (8 / VB) / GS;
+}
+// Four 8x8 matrices of 16-bit elements, transposed: lane l gives the address of row l % 8 of
+// matrix l / 8 (16 bytes, 16-byte aligned); lane (g, t) gets element g of rows 2t (low half)
+// and 2t + 1 (high half) of each matrix.
+__device__ __forceinline__ void ldsm_x4_trans(const unsigned char* p, unsigned (&r)[4]) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
 }
 
 // The token-major kernel's key fragments. Lane (g, t) feeds, for k-step ks,
@@ -1532,6 +1553,7 @@ __device__ __forceinline__ void load_meta_row(const unsigned char* p, float (&x)
   }
 }
 
+// The query of row `row` of the block's rows (row 0's where `row` is past them; `valid` says which).
 __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, int h, int row, bool& valid) {
   const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
   valid = row < n_rows;
@@ -1657,7 +1679,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     for (int q = 0; q < kPairs; ++q) acc[s][q][0] = acc[s][q][1] = 0.0f;
 #pragma unroll
   for (int v = 0; v < 4; ++v) lacc[v] = 0.0f;
-  const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
+  [[maybe_unused]] const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
   // The sinks and row t's causal limit as offsets from the block's first token,
@@ -1825,9 +1847,17 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       for (int x = ONE ? 1 : 4; x <= 16; x *= 2) um = fmaxf(um, __shfl_xor_sync(0xffffffffu, um, x));
       const W16 w16 = w16_fast(um);
       vsw = w16.step;
-      // W^T column g (row g / 2): k = 4 t + j is token 8 j + t, k = 16 + 4 t + j token 8 j + 4 + t;
-      // token 8 j + x is held by lane (x, row) as its e = 4 h + j (ONE: by lane (x, j) as its e = h).
-      const int src0 = 4 * t + g / 2, src1 = 4 * (4 + t) + g / 2;
+      // W^T column g (row g / 2). Token 8 j + x is held by lane (x, row) as its e = 4 h + j (ONE: by
+      // lane (x, j) as its e = h). With ldmatrix values (tmma_ldsm_values) k = 4 t + j is token
+      // 2 t + j % 2 + 8 (j / 2) and k = 16 + 4 t + j that + 16 (rows 2t, 2t + 1 of the first two
+      // matrices, then of the last two); otherwise k = 4 t + j is token 8 j + t and k = 16 + 4 t + j
+      // token 8 j + 4 + t.
+      constexpr bool kLdsm = tmma_ldsm_values<GS, VB>();
+      const auto src_lane = [&](int j, bool second) {
+        if constexpr (kLdsm) return 4 * (2 * t + j % 2) + (ONE ? (second ? 2 : 0) + j / 2 : g / 2);
+        else return ONE ? (second ? 16 : 0) + 4 * t + j : 4 * ((second ? 4 : 0) + t) + g / 2;
+      };
+      const auto src_reg = [](int j, bool second) { return ONE ? 0 : kLdsm ? (second ? 2 : 0) + j / 2 : j; };
 #pragma unroll
       for (int h = 0; h < H; ++h)
 #pragma unroll
@@ -1843,8 +1873,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
           unsigned a0[4], a1[4];
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            a0[j] = __shfl_sync(0xffffffffu, r[ONE ? 0 : j], ONE ? 4 * t + j : src0);
-            a1[j] = __shfl_sync(0xffffffffu, r[ONE ? 0 : j], ONE ? 16 + 4 * t + j : src1);
+            a0[j] = __shfl_sync(0xffffffffu, r[src_reg(j, false)], src_lane(j, false));
+            a1[j] = __shfl_sync(0xffffffffu, r[src_reg(j, true)], src_lane(j, true));
           }
           wbg[v0][h][0] = pick_bytes4(a0[0], a0[1], a0[2], a0[3], wsel);
           wbg[v0][h][1] = pick_bytes4(a1[0], a1[1], a1[2], a1[3], wsel);
@@ -1856,31 +1886,23 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels, inside one metadata group) at a time
-    [[maybe_unused]] unsigned vword[H][2][4];  // GS 128: a word of 4 rows, transposed
+    [[maybe_unused]] unsigned vspan[H][4];  // ldmatrix: b16 column g of a 16-byte span, 32 tokens
 #pragma unroll
     for (int set = 0; set < kSets; ++set) {
-      constexpr int kSetCh = 8 * PV;  // channels of a byte set
-      const int vgrp = (set * kSetCh) / GS;
-      // V^T rows g / g + 8: byte tmma_vbyte(set, g) of the row, slices 2 q and 2 q + 1, at tokens 8 j + t
-      // (a0, a1) and 8 j + 4 + t (a2, a3)
+      const int vgrp = tmma_vgroup<GS, VB>(set);
+      // V^T rows g / g + 8: byte tmma_vbyte(set, g) of the row, slices 2 q and 2 q + 1, at the tokens
+      // of k = 4 t + j (x[h][0]) and k = 16 + 4 t + j (x[h][1]) (see the weights above)
       unsigned x[H][2];
 #pragma unroll
       for (int h = 0; h < H; ++h) {
-        if constexpr (GS == 128) {
-          // One group a row: set 4 u + b is byte b of word g + 8 u, so a lane loads that word of its 4
-          // rows once for 4 sets and transposes it (4 loads and 8 byte permutes per 4 sets instead of
-          // 16 loads and 12 permutes of single-byte gathers).
-          if (set % 4 == 0) {
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const unsigned char* vr = hv[h].stage + lay.vc + (base + 4 * half + t) * vrow + (tmma_vbyte<GS>(set, g) & ~3);
-              const auto w = [vr](int j) { return *reinterpret_cast<const unsigned*>(vr + j * 8 * vrow); };
-              transpose_bytes4x4(w(0), w(1), w(2), w(3), vword[h][half]);
-            }
-          }
-          x[h][0] = vword[h][0][set % 4], x[h][1] = vword[h][1][set % 4];
+        if constexpr (tmma_ldsm_values<GS, VB>()) {
+          // span set / 2 of the warp's 32 rows (lane l: row base + l), once for sets 2s and 2s + 1;
+          // byte 2g + set % 2 of rows 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 more)
+          if (set % 2 == 0) ldsm_x4_trans(hv[h].stage + lay.vc + (base + lane) * vrow + 16 * (set / 2), vspan[h]);
+          const unsigned sel = set % 2 ? 0x7531u : 0x6420u;
+          x[h][0] = __byte_perm(vspan[h][0], vspan[h][1], sel), x[h][1] = __byte_perm(vspan[h][2], vspan[h][3], sel);
         } else {
-          const int wofs = tmma_vbyte<GS>(set, g) & ~3;
+          const int wofs = tmma_vbyte<GS, VB>(set, g) & ~3;
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const unsigned char* vr = hv[h].stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
@@ -1968,9 +1990,9 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     for (int q = 0; q < kPairs; ++q)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const int ch = tmma_vbyte<GS>(set, g) * PV + 2 * q + i;
+        const int ch = tmma_vbyte<GS, VB>(set, g) * PV + 2 * q + i;
         const float place = pow2_neg((2 * q + i) * VB);
-        sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[(set * 8 * PV) / GS]);
+        sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[tmma_vgroup<GS, VB>(set)]);
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
