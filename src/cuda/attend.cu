@@ -2368,13 +2368,18 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 
 // One block per query row: the splits' maxima and weights in shared memory
 // first (any number of splits), then each thread sums one channel over the
-// splits, 64 independent (predicated) loads in flight at a time, the first 64
+// splits, kU independent (predicated) loads in flight at a time, the first kU
 // issued before the weights (with 4 at a time, 66 splits took ~11 us: one
-// memory latency per 4). EXACT: the row's
-// sinks and tail enter here as one more part, attended before the wait for
-// the pipelined kernel (exact_row), so that they overlap it.
-template <bool EXACT>
-__global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+// memory latency per 4). kU is 64 where there are more than
+// kCombineFewSplits splits (at most 102 registers: five blocks an SM; with a
+// minimum of one block ptxas took 142), else 16 with at most 64 registers
+// (eight blocks an SM: more of them fit beside the pipelined kernel's last
+// blocks and after them; B=32 Hkv=8 has 1024 rows). EXACT: the row's sinks and tail enter here as one more
+// part, attended before the wait for the pipelined kernel (exact_row), so
+// that they overlap it.
+constexpr int kCombineFewSplits = 16;
+template <bool EXACT, int kU>
+__global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
   extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
   __shared__ float red[kD / 32];
   static_assert(kD == 128, "4 warps a block");
@@ -2399,7 +2404,6 @@ __global__ void __launch_bounds__(kD) combine_kernel(const AttnParams p, const i
   // The first kU splits' partial sums go out before the weights are known,
   // with the maxima and sums, so that one memory latency covers them all
   // (up to kU splits; one more per kU after).
-  constexpr int kU = 64;
   float x[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) x[u] = u < p.splits ? acc[u * kD] : 0.0f;
@@ -2852,7 +2856,9 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     });
   }
   const int combine_smem = p.splits * static_cast<int>(sizeof(float));
-  const auto combine = fast ? combine_kernel<true> : combine_kernel<false>;
+  const bool few = p.splits <= kCombineFewSplits;
+  const auto combine = fast ? (few ? combine_kernel<true, kCombineFewSplits> : combine_kernel<true, 64>)
+                            : (few ? combine_kernel<false, kCombineFewSplits> : combine_kernel<false, 64>);
   allow_smem(combine, combine_smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows));
