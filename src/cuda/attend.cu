@@ -1268,7 +1268,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
     for (int n = 0; n < 4; ++n) acc[vg][n][0] = acc[vg][n][1] = 0.0f;
   }
   // value gathers: lane g takes byte (8 hh + g) of each group; the selector picks byte g % 4 of two words
-  [[maybe_unused]] const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
+  const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);
 
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);
@@ -2374,9 +2374,9 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 // kCombineFewSplits splits (at most 102 registers: five blocks an SM; with a
 // minimum of one block ptxas took 142), else 16 with at most 64 registers
 // (eight blocks an SM: more of them fit beside the pipelined kernel's last
-// blocks and after them; B=32 Hkv=8 has 1024 rows). EXACT: the row's sinks and tail enter here as one more
-// part, attended before the wait for the pipelined kernel (exact_row), so
-// that they overlap it.
+// blocks and after them; B=32 Hkv=8 has 1024 rows). EXACT: the row's sinks
+// and tail enter here as one more part, attended before the wait for the
+// pipelined kernel (exact_row), so that they overlap it.
 constexpr int kCombineFewSplits = 16;
 template <bool EXACT, int kU>
 __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
