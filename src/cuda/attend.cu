@@ -1452,13 +1452,14 @@ constexpr bool tmma_ldsm_values() {
 // value set `set` in attn_tmma_kernel: with ldmatrix, byte 2g + set % 2 of
 // span set / 2; otherwise byte g of the set's 8 bytes.
 template <int GS, int VB>
-__device__ __forceinline__ int tmma_vbyte(int set, int g) {
+__device__ __forceinline__ constexpr int tmma_vbyte(int set, int g) {
   return tmma_ldsm_values<GS, VB>() ? 16 * (set / 2) + 2 * g + set % 2 : 8 * set + g;
 }
-// The metadata group of value set `set` (every byte of a set lies in one group).
+// The metadata group of value set `set`: that of its byte for g = 0 (every byte of a set lies in
+// one group).
 template <int GS, int VB>
 __device__ __forceinline__ constexpr int tmma_vgroup(int set) {
-  return (tmma_ldsm_values<GS, VB>() ? 16 * (set / 2) : 8 * set) * (8 / VB) / GS;
+  return tmma_vbyte<GS, VB>(set, 0) * (8 / VB) / GS;
 }
 // Four 8x8 matrices of 16-bit elements, transposed: lane l gives the address of row l % 8 of
 // matrix l / 8 (16 bytes, 16-byte aligned); lane (g, t) gets element g of rows 2t (low half)
