@@ -3,6 +3,7 @@
 // there is no GPU (CI); the CUDA code still compiles there.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifdef SKVQ_TEST_CUDA_RUNTIME
@@ -154,6 +156,31 @@ TEST(Cuda, SplitRuleMinimisesItsCostAsLaunched) {
   EXPECT_GE(at32k.splits, 4);
   EXPECT_LE(at32k.splits, 6);
   EXPECT_GT(at128k.splits, 6);
+}
+
+// The split count's per-thread table (cuda/split_rule.hpp) answers as the loop does, whatever was
+// asked before: questions drawn from a small pool (repeats, entries evicted and asked again, two
+// keys of one slot in turn), on two threads at once (each has its own table). Needs no GPU.
+TEST(Cuda, CachedSplitCountIsTheLoops) {
+  const auto ask = [](unsigned seed, int* mismatches) {
+    std::mt19937 rng(seed);
+    std::vector<std::array<std::int64_t, 3>> pool;
+    const auto draw = [&](std::int64_t n) { return 1 + static_cast<std::int64_t>(rng() % static_cast<unsigned>(n)); };
+    for (int i = 0; i < 40; ++i) pool.push_back({draw(512), draw(5000), draw(1200)});
+    pool.push_back({8, 256, 660});  // B=1 Hkv=8 32k and its neighbours one tile apart
+    pool.push_back({8, 257, 660});
+    pool.push_back({8, 255, 660});
+    for (int i = 0; i < 4000; ++i) {
+      const auto& q = pool[rng() % pool.size()];
+      if (cuda::cached_split_count(q[0], q[1], q[2]) != cuda::choose_split_count(q[0], q[1], q[2]).splits) ++*mismatches;
+    }
+  };
+  int m0 = 0, m1 = 0;
+  std::thread other(ask, 31u, &m1);
+  ask(30u, &m0);
+  other.join();
+  EXPECT_EQ(m0, 0);
+  EXPECT_EQ(m1, 0);
 }
 
 // The rule before session 23 (SKVQ_CUDA_SPLIT_RULE=fill, for benchmarks): no count up to

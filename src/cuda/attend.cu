@@ -2663,7 +2663,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
   static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
   if (fill_rule) return fill_split_count(heads, p.q_end / kFastTile, slots);
-  return choose_split_count(heads, (p.q_end + kFastTile - 1) / kFastTile, slots).splits;
+  return cached_split_count(heads, (p.q_end + kFastTile - 1) / kFastTile, slots);
 }
 
 template <int KB, int VB, bool DENSE>

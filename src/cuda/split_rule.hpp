@@ -44,6 +44,25 @@ inline SplitChoice choose_split_count(std::int64_t heads, std::int64_t tiles, st
   return best;
 }
 
+// choose_split_count's splits (default cost model) for the calling thread's recent questions: a
+// direct-mapped table of 16 entries a thread. Each attention call asks before it launches its body
+// kernel, and the loop over 256 candidates (three 64-bit divisions each) took ~1.2 us of host time
+// (dev CPU, session 30), all of it in front of the launch; a decode step asks the same question once
+// a layer, and the answer changes at most once every 128 tokens (a tile). Answers are the loop's,
+// whatever was asked before (tests/test_cuda.cpp).
+inline int cached_split_count(std::int64_t heads, std::int64_t tiles, std::int64_t slots) {
+  struct Entry {
+    std::int64_t heads = -1, tiles = -1, slots = -1;
+    int splits = 1;
+  };
+  thread_local Entry table[16];
+  const auto h = static_cast<std::uint64_t>(heads) * 0x9E3779B97F4A7C15ull ^ static_cast<std::uint64_t>(tiles) * 0xC2B2AE3D27D4EB4Full ^
+                 static_cast<std::uint64_t>(slots) * 0x165667B19E3779F9ull;
+  Entry& e = table[(h >> 60) & 15u];
+  if (e.heads != heads || e.tiles != tiles || e.slots != slots) e = Entry{heads, tiles, slots, choose_split_count(heads, tiles, slots).splits};
+  return e.splits;
+}
+
 // The rule before session 23, kept for benchmarks (SKVQ_CUDA_SPLIT_RULE=fill): the count, up to
 // min(256, whole tiles), whose last wave is fullest (blocks / (waves x slots)), less 0.002 a split
 // (the smaller count on a tie).
