@@ -172,7 +172,7 @@ __device__ __forceinline__ W16 w16_of(float umax) {
 // a block whose largest weight is below 2^-100 of the softmax's running
 // maximum gets all-zero weights (their share of any output is below 2^-90).
 // With round_low16 in every kernel but the dp4a kernel's one-group-a-row path:
-// measured faster in each of them, 3% slower there (docs/performance.md, session 21).
+// measured faster in each of them, 3% slower there (docs/performance-history.md, session 21).
 __device__ __forceinline__ W16 w16_fast(float umax) {
   const float step = umax * (1.0f / 65535.0f);
   float inv;
@@ -1431,7 +1431,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
 constexpr int kTmmaRows = 4;
 // Blocks per SM the register budget allows: 5 (up to 102 registers a thread) measured 3-7% faster
 // than 6 (80) at grouped-query shapes in session 20, and again in session 25 for the kernels that
-// take one tile at a time, the one-row form among them, by 1-13% (docs/performance.md); -D to
+// take one tile at a time, the one-row form among them, by 1-13% (docs/performance-history.md); -D to
 // experiment.
 #ifndef SKVQ_TMMA_MIN_BLOCKS
 #define SKVQ_TMMA_MIN_BLOCKS 5
@@ -2441,7 +2441,7 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // 128 channels); the token-major one also values of 2 or 4 bits.
 // The one-token-per-lane dp4a kernel needs groups of whole lanes (32, 64, 128).
 // SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
-// benchmarks). By default (measured, docs/performance.md): one row per KV head
+// benchmarks). By default (measured, docs/performance-history.md): one row per KV head
 // (multi-head decode) with 2-bit keys and values at group 128 through
 // attn_tmma_kernel's one-row form; other one or two rows per KV head through
 // attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
@@ -2449,7 +2449,7 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // prefill) through attn_imma_kernel, 8 rows a launch.
 enum class Body { fast, imma, tmma, rs };
 // Settings whose single query row a KV head goes through the token-major kernel's one-row form by
-// default. Measured against the one-token-per-lane kernel (docs/performance.md, session 25): 7-15%
+// default. Measured against the one-token-per-lane kernel (docs/performance-history.md, session 25): 7-15%
 // faster with 2-bit keys and values at group 128, tied at group 32, 13-17% slower with 4-bit ones
 // (its 4-bit value gathers cost more than the scalar work it saves); group 64 not measured.
 constexpr bool tmma_one_row(int kb, int vb, int group) { return kb == 2 && vb == 2 && group == 128; }
@@ -2481,7 +2481,7 @@ Body body_kernel(const AttnParams& p) {
 // Whether the token-major kernel takes its tiles two at a time (attn_tmma_kernel's PAIR): with 2-bit
 // keys and values, where the per-tile work it halves is a visible share, and metadata groups of 64
 // or 128 channels, where the ring's extra stage still leaves five blocks an SM (at groups of 32 it
-// leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32; docs/performance.md, session 23).
+// leaves four: 6% faster at B=8 Hkv=8 128k, 2% slower at B=32; docs/performance-history.md, session 23).
 // And only where a block has at least kPairMinTiles tiles: with short blocks (B=1 Hkv=8: 4 tiles at
 // 32k, 13 at 128k) waiting for two tiles before the first work measured 3-6% slower, with 26 (B=8
 // Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster. p.split_len is 0 while the split count is chosen,
@@ -2695,7 +2695,7 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
 // kernels, so a growth by another thread on the same stream (cudaFree waits
 // for the device) cannot free the buffer between a call's lookup and its
 // launches. A stream-ordered allocation and free per call cost 2-2.5 us of
-// host time before the first kernel could start (docs/performance.md,
+// host time before the first kernel could start (docs/performance-history.md,
 // session 13). A stream being captured into a graph cannot allocate: such a
 // call must find its buffer large enough, and a buffer once captured is never
 // freed (a graph may replay it later), only set aside when its stream grows.
@@ -2778,7 +2778,7 @@ bool dependent_launch_supported() {
 }  // namespace
 
 // The tensor-core kernel is opt-in (SKVQ_CUDA_MMA=1): measured on the H200 it
-// runs at about half the speed of the float32 kernel (docs/performance.md).
+// runs at about half the speed of the float32 kernel (docs/performance-history.md).
 bool mma_enabled() {
   static const bool on = env_switch("SKVQ_CUDA_MMA") == "1";
   return on;
