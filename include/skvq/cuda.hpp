@@ -31,9 +31,11 @@ std::string device_description();
 
 struct DeviceCacheImpl;
 
-// One layer's cache in device memory. Supported: bits 1, 2, 4 or 8 per side,
-// head dims D, Dv multiples of 16 up to 256, group_size a multiple of 16 (or
-// >= D), every metadata mode. Keys and values are fp16.
+// One layer's cache in device memory. Supported: head dims D = Dv = 128 (the
+// attention kernels' size), bits (key, value) (1,1) (2,2) (4,4) (8,8) (4,2)
+// (8,4), group_size a multiple of 16 (or >= D), every metadata mode; the
+// constructor refuses anything else with an error naming the field. Keys and
+// values are fp16.
 //
 // Device layout: window-sized slots, one per flushed chunk (rows of chunk 0
 // below n_sink unused), each holding for every (b, h) the rows' codes
