@@ -2379,6 +2379,7 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 // and tail enter here as one more part, attended before the wait for the
 // pipelined kernel (exact_row), so that they overlap it.
 constexpr int kCombineFewSplits = 16;
+constexpr int kCombineManyLoads = 64;  // kU where there are more splits
 template <bool EXACT, int kU>
 __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
   extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
@@ -2858,8 +2859,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   }
   const int combine_smem = p.splits * static_cast<int>(sizeof(float));
   const bool few = p.splits <= kCombineFewSplits;
-  const auto combine = fast ? (few ? combine_kernel<true, kCombineFewSplits> : combine_kernel<true, 64>)
-                            : (few ? combine_kernel<false, kCombineFewSplits> : combine_kernel<false, 64>);
+  const auto combine = fast ? (few ? combine_kernel<true, kCombineFewSplits> : combine_kernel<true, kCombineManyLoads>)
+                            : (few ? combine_kernel<false, kCombineFewSplits> : combine_kernel<false, kCombineManyLoads>);
   allow_smem(combine, combine_smem);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(rows));
