@@ -138,6 +138,8 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"quantize" + kv + o + " --set bogus=1", "bogus"},
       {"quantize" + kv + o + " --set window", "--set window"},
       {"quantize" + kv + o + " --set metadata=fp4", "metadata=fp4"},
+      {"quantize" + kv + o + " --set clip_alpha=1e-50", "clip_alpha=1e-50"},
+      {"quantize" + kv + o + " --set bits_key=99999999999999999999", "bits_key=99999999999999999999 is out of int range"},
       {"quantize" + kv + o + " --set head_dim=32", "head_dim=32"},
       {"quantize" + kv + o + " --calls 10,10", "--calls 10,10"},
       {"quantize" + kv + o + " --calls 10,x,25", "'x'"},

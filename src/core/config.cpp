@@ -1,7 +1,9 @@
 // Config validation and parsing from text.
 #include "skvq/config.hpp"
 
+#include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <sstream>
 
@@ -51,6 +53,9 @@ long long parse_int(std::string_view field, std::string_view value) {
   long long v = 0;
   const auto* end = value.data() + value.size();
   auto [p, ec] = std::from_chars(value.data(), end, v);
+  if (ec == std::errc::result_out_of_range && p == end) {
+    throw Error("skvq: " + std::string(field) + "=" + std::string(value) + " is out of int range");
+  }
   if (ec != std::errc() || p != end || value.empty()) {
     throw Error("skvq: " + std::string(field) + "=" + std::string(value) + " is not an integer");
   }
@@ -121,9 +126,14 @@ void Config::set(std::string_view field, std::string_view value) {
   } else if (field == "clip_alpha") {
     const std::string s(value);
     char* end = nullptr;
+    errno = 0;
     const float v = std::strtof(s.c_str(), &end);
     if (s.empty() || end != s.c_str() + s.size()) {
       throw Error("skvq: clip_alpha=" + s + " is not a number");
+    }
+    // (a value float32 cannot hold, 1e-50 or 1e50: named as written, not as the 0 or inf it became)
+    if (errno == ERANGE && (v == 0.0f || std::isinf(v))) {
+      throw Error("skvq: clip_alpha=" + s + " must be in (0, 1] (it is out of float32 range)");
     }
     clip_alpha = v;
   } else {
