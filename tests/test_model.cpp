@@ -336,6 +336,13 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},
       {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
+      {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be >= 0"},
+      // outputs that cannot be written are refused before the work (one line on stderr: no generation
+      // summary, no evaluation table), naming the flag and the path
+      {"generate --model " + model + " --prompt hi --save-cache " + err + "/sub/c.st", "--save-cache " + err + "/sub/c.st: directory"},
+      {"generate --model " + model + " --prompt hi --save-cache " + fs::temp_directory_path().string(), "is a directory"},
+      {"eval --model " + model + " --text " + model + " --json " + err + "/sub/t.json", err + " is not a directory"},
+      {"convert --model " + model + " --out " + err + "/x.gguf", "--out " + err + "/x.gguf: " + err + " is not a directory"},
   };
   for (const auto& [args, needle] : cases) {
     const auto [rc, text] = run(args);

@@ -4,6 +4,7 @@
 #include "skvq/error.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <vector>
@@ -13,14 +14,14 @@ namespace skvq::tools {
 namespace fs = std::filesystem;
 
 void write_all_or_nothing(const fs::path& dir, const std::map<std::string, std::string>& files,
-                          const std::vector<std::string>& remove_stale) {
+                          const std::vector<std::string>& remove_stale, const std::string& flag) {
   std::error_code ec;
   bool created = false;
   if (!fs::exists(dir, ec)) {
     created = fs::create_directories(dir, ec);
-    if (ec) throw UsageError("--out " + dir.string() + ": cannot create directory: " + ec.message());
+    if (ec) throw UsageError(flag + " " + dir.string() + ": cannot create directory: " + ec.message());
   } else if (!fs::is_directory(dir, ec)) {
-    throw UsageError("--out " + dir.string() + ": exists and is not a directory");
+    throw UsageError(flag + " " + dir.string() + ": exists and is not a directory");
   }
   std::vector<fs::path> temps;
   auto cleanup = [&] {
@@ -35,11 +36,11 @@ void write_all_or_nothing(const fs::path& dir, const std::map<std::string, std::
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
       f.flush();
-      if (!f) throw UsageError("--out " + dir.string() + ": cannot write " + name);
+      if (!f) throw UsageError(flag + " " + dir.string() + ": cannot write " + name);
     }
     for (const auto& [name, bytes] : files) {
       fs::rename(dir / ("." + name + ".partial"), dir / name, ec);
-      if (ec) throw UsageError("--out " + dir.string() + ": cannot rename into " + name + ": " + ec.message());
+      if (ec) throw UsageError(flag + " " + dir.string() + ": cannot rename into " + name + ": " + ec.message());
     }
   } catch (...) {
     cleanup();
@@ -48,6 +49,20 @@ void write_all_or_nothing(const fs::path& dir, const std::map<std::string, std::
   for (const auto& name : remove_stale) {
     if (!files.count(name)) fs::remove(dir / name, ec);
   }
+}
+
+void check_output_file(const std::string& flag, const std::string& path, bool may_create_dirs) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (path.empty()) throw UsageError(flag + " must name a file");
+  if (fs::is_directory(p, ec)) throw UsageError(flag + " " + path + ": is a directory");
+  fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  if (may_create_dirs) {
+    while (!fs::exists(dir, ec) && dir.has_parent_path() && dir.parent_path() != dir) dir = dir.parent_path();
+  }
+  if (!fs::exists(dir, ec)) throw UsageError(flag + " " + path + ": directory " + dir.string() + " does not exist");
+  if (!fs::is_directory(dir, ec)) throw UsageError(flag + " " + path + ": " + dir.string() + " is not a directory");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UsageError(flag + " " + path + ": directory " + dir.string() + " is not writable");
 }
 
 void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::string& flag) {

@@ -22,8 +22,15 @@ class UsageError : public std::runtime_error {
 // each goes to a temporary name first and all are renamed at the end; on
 // failure the temporaries (and `dir`, if this call created it) are removed.
 // Files named in `remove_stale` are deleted after a successful commit.
+// Errors name `flag` (the option that gave the destination).
 void write_all_or_nothing(const std::filesystem::path& dir, const std::map<std::string, std::string>& files,
-                          const std::vector<std::string>& remove_stale = {});
+                          const std::vector<std::string>& remove_stale = {}, const std::string& flag = "--out");
+
+// Checks, before any long work, that `path` (given by `flag`) can be written
+// as a file: it is not a directory, and its directory exists and is writable
+// (with `may_create_dirs`, its nearest existing ancestor is a writable
+// directory instead). Throws UsageError naming the flag and the path.
+void check_output_file(const std::string& flag, const std::string& path, bool may_create_dirs);
 
 // Applies FIELD=VALUE strings to cfg, then validates it. Errors name `flag`
 // and the offending text.

@@ -20,6 +20,7 @@ void register_convert(CLI::App& app, CommandList& commands) {
   sub->add_option("--dtype", a->dtype, "tensor type: f32, f16 or bf16")->capture_default_str();
   commands.emplace_back(sub, [a] {
     if (a->dtype != "f32" && a->dtype != "f16" && a->dtype != "bf16") throw UsageError("--dtype " + a->dtype + " must be f32, f16 or bf16");
+    check_output_file("--out", a->out, false);
     LoadedModel lm = load_model_args(a->model, a->tokenizer);
     const std::string tmp = a->out + ".partial";
     try {

@@ -84,6 +84,7 @@ void log_softmax(const float* z, int V, std::vector<double>& out) {
 
 int run_eval(const EvalArgs& a) {
   if (a.max_tokens < 2) throw UsageError("--max-tokens " + std::to_string(a.max_tokens) + " must be >= 2");
+  if (!a.json.empty()) check_output_file("--json", a.json, true);  // before the evaluation, not after
   LoadedModel lm = load_model_args(a.model, a.tokenizer);
   const model::Runner runner(lm.model);
   const auto& mc = lm.model.cfg;
@@ -180,7 +181,7 @@ int run_eval(const EvalArgs& a) {
                   {"tokens", toks.size()}});
   }
   if (!a.json.empty()) write_all_or_nothing(std::filesystem::path(a.json).parent_path().empty() ? "." : std::filesystem::path(a.json).parent_path(),
-                                            {{std::filesystem::path(a.json).filename().string(), js.dump(2) + "\n"}});
+                                            {{std::filesystem::path(a.json).filename().string(), js.dump(2) + "\n"}}, {}, "--json");
   return 0;
 }
 

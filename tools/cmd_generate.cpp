@@ -40,10 +40,15 @@ int sample(const float* logits, int V, double temperature, std::mt19937_64& rng)
 
 int run_generate(const GenerateArgs& a) {
   if (a.n < 0) throw UsageError("-n " + std::to_string(a.n) + " must be >= 0");
-  if (!(a.temperature >= 0.0) || !std::isfinite(a.temperature)) throw UsageError("--temperature " + std::to_string(a.temperature) + " must be >= 0");
+  if (!(a.temperature >= 0.0) || !std::isfinite(a.temperature)) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%g", a.temperature);
+    throw UsageError(std::string("--temperature ") + t + " must be >= 0");
+  }
   if (a.cache != "fp16" && a.cache != "skvq") throw UsageError("--cache " + a.cache + " must be fp16 or skvq");
   if (!a.load_cache.empty() && !a.sets.empty()) throw UsageError("--set cannot change the config of a cache given by --load-cache");
   if (a.cache == "fp16" && !a.sets.empty()) throw UsageError("--set needs --cache skvq");
+  if (!a.save_cache.empty()) check_output_file("--save-cache", a.save_cache, false);  // before the generation, not after
   LoadedModel lm = load_model_args(a.model, a.tokenizer);
   const model::Runner runner(lm.model);
   const auto& mc = lm.model.cfg;
@@ -106,6 +111,10 @@ int run_generate(const GenerateArgs& a) {
                cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
                fp16 > 0 ? static_cast<double>(sb.total()) / fp16 : 0.0, static_cast<double>(peak_rss_bytes()) / 1048576.0,
                prompt.size(), prompt_s, produced, gen_s, gen_s > 0 ? produced / gen_s : 0.0);
+  if (produced < a.n && static_cast<std::int64_t>(history.size()) >= mc.seq_len) {
+    std::fprintf(stderr, "stopped after %d of %d tokens: the model's context of %d tokens is full\n", produced, a.n,
+                 static_cast<int>(mc.seq_len));
+  }
   if (!a.save_cache.empty()) {
     CacheFileExtras ex;
     ex.strings["model"] = model_signature(lm.model);
