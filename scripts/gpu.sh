@@ -31,6 +31,12 @@ grep -E "Failure|FAILED|PASSED" "$out/tests_tmma_noone.txt" | head -n 10
 echo "== GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)"
 SKVQ_CUDA_TMMA_PAIR=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopair.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_nopair.txt" | head -n 10
+echo "== GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0), and tiles shared in chunks of 2 (=64)"
+SKVQ_CUDA_BALANCE=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nobalance.txt" 2>&1
+grep -E "Failure|FAILED|PASSED" "$out/tests_nobalance.txt" | head -n 10
+SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_balance64.txt" 2>&1
+grep -E "Failure|FAILED|PASSED" "$out/tests_balance64.txt" | head -n 10
+
 echo "== GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)"
 SKVQ_CUDA_FLUSH=quotients "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' > "$out/tests_quotients.txt" 2>&1
 grep -E "Failure|FAILED|PASSED" "$out/tests_quotients.txt" | head -n 10
@@ -48,6 +54,7 @@ compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_f
 echo "== compute-sanitizer initcheck and racecheck"
 compute-sanitizer --tool initcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 1 | tee "$out/initcheck.txt"
 compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' 2>&1 | tail -n 1 | tee "$out/racecheck.txt"
+SKVQ_CUDA_BALANCE=64 compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.ClaimedTiles*' 2>&1 | tail -n 1 | tee -a "$out/racecheck.txt"
 echo "== benchmarks"
 "$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
 SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"

@@ -723,6 +723,42 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   }
 }
 
+// Balanced claiming (grouped-query decode, blocks of 8 tiles or more): the blocks of several KV heads
+// and batch rows share each head's tiles out through counters that the combine kernel zeroes, so a
+// second call on the same stream must find them at zero again (a counter left over would end its
+// blocks early: results off by whole chunks). Forced split counts give blocks of 8-20 tiles, chunks
+// of 2 or 3 (SKVQ_CUDA_BALANCE=64 in scripts/gpu.sh: 2), a head's last chunk short, 2- and 4-bit
+// codes, groups of 32 and 128, and a window that is not a multiple of the tile.
+TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
+  REQUIRE_GPU();
+  for (const auto& [window, group, bits] : {std::tuple{128, 128, 2}, std::tuple{128, 32, 2}, std::tuple{64, 128, 4}}) {
+    const Config cfg = gpu_config(window, 5, group, bits, bits, MetaType::fp16);
+    constexpr std::int64_t kLen = 5000, B = 2, H = 3;
+    Tensor k = randn({B, H, kLen, 128}, 31, DType::f16, true), v = randn({B, H, kLen, 128}, 32, DType::f16);
+    SkvqCache cpu(cfg);
+    cuda::DeviceCache gpu(cfg, B, H, 128, kLen);
+    cpu.append(k.view(), v.view());
+    gpu.append(k.view(), v.view());
+    Tensor q = randn({B, 4 * H, 1, 128}, 33, DType::f32);
+    const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+    float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
+    float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
+    cuda::copy_to_device(dq, q.data(), q.nbytes());
+    for (int splits : {2, 4, 3, 2}) {  // (2 twice: the counters of the calls between reset)
+      for (int call = 0; call < 2; ++call) {
+        gpu.attend_device(dq, 4 * H, 1, 0.1f, dout, splits);
+        Tensor got(DType::f32, want.shape());
+        cuda::copy_to_host(got.data(), dout, got.nbytes());
+        expect_close(cpu, q.view(), k.view(), v.view(), 0.1f, got.view(), want.view(),
+                     "window " + std::to_string(window) + " group " + std::to_string(group) + " bits " + std::to_string(bits) +
+                         " splits " + std::to_string(splits) + " call " + std::to_string(call));
+      }
+    }
+    cuda::device_free(dq);
+    cuda::device_free(dout);
+  }
+}
+
 TEST(Cuda, DenseFp16KernelMatchesReference) {
   REQUIRE_GPU();
   for (std::int64_t T : {1, 77, 3000}) {

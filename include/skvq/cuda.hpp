@@ -73,6 +73,10 @@ class DeviceCache {
   // so a capture that would grow the stream's workspace is refused with an
   // error (nothing enqueued). The graph replays this call as it was: the
   // cache's length at capture time, whatever was appended since.
+  // With grouped-query decode over long contexts the blocks share a KV head's
+  // tiles out while the call runs (balanced claiming), so two identical calls
+  // may sum in different orders and differ in the last bits (always within the
+  // tested tolerance); SKVQ_CUDA_BALANCE=0 makes every call bit-reproducible.
   void attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                      int num_splits = 0, Stream stream = nullptr) const;
   // Same with host tensors; returns [B, Hq, Sq, Dv] fp32.

@@ -746,14 +746,18 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
   const WarpCopy* mine;
 
   __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
+      : TileStream(p_, lay_, ring_, bh_, static_cast<std::int64_t>(split) * p_.split_len,
+                   min(p_.q_end, static_cast<std::int64_t>(split) * p_.split_len + p_.split_len)) {}
+  // The tokens [t_begin_, t_end_) (t_begin_ a multiple of TILE).
+  __device__ TileStream(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_,
+                        std::int64_t t_begin_, std::int64_t t_end_)
       : p(p_), lay(lay_), ring(ring_), bh(bh_) {
     __shared__ WarpCopy copies[kThreads / 32];
-    t_begin = static_cast<std::int64_t>(split) * p.split_len;
-    t_end = min(p.q_end, t_begin + p.split_len);
+    t_begin = t_begin_;
+    t_end = t_end_;
     n_tiles = static_cast<int>((t_end - t_begin + TILE - 1) / TILE);
     aligned = p.window % TILE == 0;
-    slot = static_cast<int>((static_cast<unsigned long long>(t_begin) * p.div_magic) >> p.div_shift);
-    row = static_cast<int>(t_begin - static_cast<std::int64_t>(slot) * p.window);
+    seek(t_begin);
     const int warp = threadIdx.x / 32;
     mine = &copies[warp];
     if (threadIdx.x % 32 == 0) {
@@ -770,6 +774,11 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
     __syncwarp();
   }
   __device__ std::int64_t first_token(int tile) const { return t_begin + static_cast<std::int64_t>(tile) * TILE; }
+  // aligned: the next tile starts at token t
+  __device__ void seek(std::int64_t t) const {
+    slot = static_cast<int>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
+    row = static_cast<int>(t - static_cast<std::int64_t>(slot) * p.window);
+  }
   // rows of the tile that hold tokens of the range
   __device__ int live_rows(int tile) const {
     const std::int64_t left = t_end - first_token(tile);
@@ -833,6 +842,101 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
     const unsigned char* stage = ring + acq * lay.stage;
     acq = acq == STAGES - 1 ? 0 : acq + 1;
     return stage;
+  }
+};
+
+// The tiles of one block when a KV head's tiles are shared out while the
+// step runs (AttnParams::claims): the head's tiles [0, T) in chunks of C =
+// chunk_tiles; the block's own chunk `split` first, then chunks claimed one
+// at a time from the head's counter (chunk splits + the counter's old
+// value), until a claim comes back past the last chunk. Blocks that stream
+// faster (earlier on their SM, on a faster SM) so take more chunks, and the
+// step's blocks end together instead of with the slowest (docs/performance.md).
+// Tile indices are the head's (t_begin = 0), so a kernel's masks work on
+// them unchanged. Thread 0 claims a chunk as the block starts on the one
+// before it, keeps the answer in a register and writes it to shared memory at
+// the next acquire, before that acquire's barrier; every thread reads it when
+// the block starts on that chunk, at least one barrier later (C >= 2 = the
+// copies' lead, so not before the next acquire); the two slots alternate, so
+// a write never meets a read of the previous chunk. next() returns the tiles
+// in order, -1 once there are none.
+template <int TILE, int KB, int VB, int META_ROW = 0, int STAGES = kStages>
+struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
+  using Base = TileStream<TILE, KB, VB, META_ROW, STAGES>;
+  static constexpr int kAhead = kStages - 1;
+  static_assert(kAhead == 2, "a lead of two tiles (the fifo below)");
+  int chunk, n_chunks, total;
+  bool pool;
+  int* slots;                             // [2] in shared memory: claimed chunks
+  mutable int next_tile, left, seq = 0;   // the next tile to issue, tiles left in its chunk, chunks begun
+  mutable int f0 = -1, f1 = -1;           // tiles issued and not yet returned, oldest first
+  mutable unsigned pending = 0;           // thread 0: a claim's answer not yet written
+  mutable int pending_slot = -1;
+
+  __device__ ClaimedTiles(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
+      : Base(p_, lay_, ring_, bh_, 0, p_.q_end) {
+    __shared__ int claimed[2];
+    slots = claimed;
+    chunk = p_.chunk_tiles;
+    total = this->n_tiles;
+    n_chunks = (total + chunk - 1) / chunk;
+    pool = n_chunks > p_.splits;
+    next_tile = split * chunk;
+    left = min(chunk, total - next_tile);
+    claim();
+  }
+  __device__ void claim() const {  // for the chunk after the one just begun
+    if (pool && threadIdx.x == 0) {
+      pending = atomicAdd(this->p.claims + this->bh, 1u);
+      pending_slot = (seq + 1) & 1;
+    }
+  }
+  __device__ int advance() const {
+    if (left == 0) {
+      if (next_tile < 0) return -1;
+      ++seq;
+      const int c = pool ? this->p.splits + slots[seq & 1] : n_chunks;
+      if (c >= n_chunks) {
+        next_tile = -1;
+        return -1;
+      }
+      next_tile = c * chunk;
+      left = min(chunk, total - next_tile);
+      claim();
+    }
+    --left;
+    return next_tile++;
+  }
+  __device__ void issue_next(int stage_index) const {
+    const int x = advance();
+    if (x >= 0) {
+      if (this->aligned) this->seek(static_cast<std::int64_t>(x) * TILE);
+      this->issue(x, stage_index);
+    }
+    f0 = f1, f1 = x;
+  }
+  __device__ void start() const {
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+      issue_next(s);
+      cp_async_commit();
+    }
+  }
+  // Waits for the next tile, starts the copy of the one two ahead, returns its stage and (in `tile`)
+  // its index in the head, -1 when the block's tiles are done.
+  __device__ const unsigned char* next(int& tile) const {
+    if (pending_slot >= 0) {  // thread 0 only
+      slots[pending_slot] = static_cast<int>(min(pending, 1u << 30));
+      pending_slot = -1;
+    }
+    cp_async_wait_stages();
+    __syncthreads();
+    const int acq = this->acq;
+    tile = f0;
+    issue_next(acq + kAhead >= STAGES ? acq + kAhead - STAGES : acq + kAhead);
+    cp_async_commit();
+    this->acq = acq == STAGES - 1 ? 0 : acq + 1;
+    return this->ring + acq * this->lay.stage;
   }
 };
 
@@ -1581,7 +1685,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   // DeviceCache require; the launch sizes the ring by FastLayout(p), the same): immediate offsets
   constexpr int kMetaRow = kD / GS * mb;
   constexpr FastLayout<kFastTile> lay(16 * KB, 16 * VB, kMetaRow, kMetaRow);
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // With balanced claiming the launch order deals the KV heads round-robin (block l: head
+  // l % (B Hkv), split l / (B Hkv)), so that a head's blocks sit at every place on the SMs, which
+  // the claims then even out; otherwise a head's splits are consecutive.
+  int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  if (p.balance) {
+    const int l = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), heads = gridDim.y * gridDim.z;
+    split = l / heads, h = (l % heads) % gridDim.y, b = (l % heads) / gridDim.y;
+  }
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
@@ -1606,7 +1717,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const TileStream<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : kStages> tiles(p, lay, ring, bh, split);
+  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : kStages> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -1691,7 +1802,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     return static_cast<int>(d < 0 ? -1 : d > (1 << 30) ? (1 << 30) : d);
   };
   const int sink_off = offset(p.sinks), limit_off = offset(limit), span = static_cast<int>(tiles.t_end - tiles.t_begin);
-  const int n_tiles = tiles.n_tiles;
   // q summed over each key metadata group's channels (the lo term of a score), in k-step order
   float qg[4];
 #pragma unroll
@@ -1944,22 +2054,25 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     const auto rel = [tb](int x) { return x < tb ? -1 : min(x - tb, kFastTile); };
     return Half{stage, rel(sink_off), min(rel(limit_off), live - 1), live};
   };
-  int tile = 0;
-  if constexpr (PAIR) {
-    for (; tile + 1 < n_tiles; tile += 2) {
-      const unsigned char* s0 = tiles.acquire(tile);
-      const unsigned char* s1 = tiles.acquire(tile + 1);
-      if (tile >= full_lo && tile + 1 <= full_hi) {
-        const Half hv[2] = {{s0, 0, kFastTile - 1, kFastTile}, {s1, 0, kFastTile - 1, kFastTile}};
-        warp_tile(hv, std::integral_constant<int, 2>{}, std::true_type{});
-      } else {
-        const Half hv[2] = {masked(s0, tile), masked(s1, tile + 1)};
-        warp_tile(hv, std::integral_constant<int, 2>{}, std::false_type{});
+  // (tile indices are the KV head's: ClaimedTiles)
+  for (;;) {
+    int tile;
+    const unsigned char* stage = tiles.next(tile);
+    if (tile < 0) break;
+    if constexpr (PAIR) {
+      int tile1;
+      const unsigned char* s1 = tiles.next(tile1);
+      if (tile1 >= 0) {
+        if (tile >= full_lo && tile <= full_hi && tile1 >= full_lo && tile1 <= full_hi) {
+          const Half hv[2] = {{stage, 0, kFastTile - 1, kFastTile}, {s1, 0, kFastTile - 1, kFastTile}};
+          warp_tile(hv, std::integral_constant<int, 2>{}, std::true_type{});
+        } else {
+          const Half hv[2] = {masked(stage, tile), masked(s1, tile1)};
+          warp_tile(hv, std::integral_constant<int, 2>{}, std::false_type{});
+        }
+        continue;
       }
     }
-  }
-  for (; tile < n_tiles; ++tile) {
-    const unsigned char* stage = tiles.acquire(tile);
     if (tile >= full_lo && tile <= full_hi) {
       const Half hv[2] = {{stage, 0, kFastTile - 1, kFastTile}, {stage, 0, kFastTile - 1, kFastTile}};
       warp_tile(hv, std::integral_constant<int, 1>{}, std::true_type{});
@@ -2399,6 +2512,8 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
     Ae = ex_acc[0][dst];
   }
   wait_prerequisites();
+  // every body block is done: the next step's claims start from zero (counters of this call only)
+  if (j == 0 && qrow < p.n_claims) p.claims[qrow] = 0u;
   const std::uint64_t trace_t1 = trace_now();
   const float* ms = p.ws_m + qrow * p.splits;
   const float* ls = p.ws_l + qrow * p.splits;
@@ -2586,14 +2701,16 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = p.query_rows();
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = fast_ring_bytes(p);
+  AttnParams lp = p;  // each launch its own claim counters (balanced claiming)
   for (int row = 0; row < n_rows;) {
     const int nq = fast_rows_per_launch(p, n_rows - row);
     with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
       allow_smem(kernel, smem);
-      kernel<<<grid, kThreads, smem, stream>>>(p, row);
+      kernel<<<grid, kThreads, smem, stream>>>(lp, row);
       SKVQ_CUDA_LAUNCH_CHECK();
     });
     row += nq;
+    if (lp.claims != nullptr) lp.claims += static_cast<std::int64_t>(p.B) * p.Hkv;
   }
 }
 
@@ -2700,14 +2817,22 @@ void launch_rows(const AttnParams& p, cudaStream_t stream) {
 // session 13). A stream being captured into a graph cannot allocate: such a
 // call must find its buffer large enough, and a buffer once captured is never
 // freed (a graph may replay it later), only set aside when its stream grows.
-struct Workspace {
-  std::unique_lock<std::mutex> lock;
-  float* ptr = nullptr;
-};
+// Beside it, the claim counters of balanced claiming (AttnParams::claims):
+// zero between calls (the combine kernel zeroes those a call used), zeroed
+// on the stream first when a call enqueued its body but not its combine
+// (`dirty`: an error between the two launches).
 struct WorkspaceBuffer {
   void* ptr = nullptr;
   std::size_t size = 0;
   bool captured = false;
+  unsigned* claims = nullptr;
+  std::size_t n_claims = 0;
+  bool dirty = false;
+};
+struct Workspace {
+  std::unique_lock<std::mutex> lock;
+  float* ptr = nullptr;
+  WorkspaceBuffer* buf = nullptr;
 };
 struct WorkspaceRegistry {
   std::mutex mu;
@@ -2721,9 +2846,10 @@ struct WorkspaceRegistry {
   }
   // Frees b (cudaFree waits for the device), or sets it aside when a graph may hold it.
   void drop(WorkspaceBuffer& b) {
-    if (b.ptr != nullptr) {
-      if (b.captured) set_aside.push_back(b.ptr);
-      else SKVQ_CUDA_CHECK(cudaFree(b.ptr));
+    for (void* x : {b.ptr, static_cast<void*>(b.claims)}) {
+      if (x == nullptr) continue;
+      if (b.captured) set_aside.push_back(x);
+      else SKVQ_CUDA_CHECK(cudaFree(x));
     }
     b = WorkspaceBuffer{};
   }
@@ -2733,7 +2859,7 @@ WorkspaceRegistry& workspaces() {
   return r;
 }
 
-Workspace workspace(std::size_t bytes, cudaStream_t stream) {
+Workspace workspace(std::size_t bytes, std::size_t n_claims, cudaStream_t stream) {
   WorkspaceRegistry& r = workspaces();
   const auto key = WorkspaceRegistry::key(stream);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -2741,18 +2867,41 @@ Workspace workspace(std::size_t bytes, cudaStream_t stream) {
   const bool capturing = capture != cudaStreamCaptureStatusNone;
   std::unique_lock<std::mutex> lock(r.mu);
   WorkspaceBuffer& b = r.buffers[key];
-  if (b.size < bytes) {
+  if (b.size < bytes || b.n_claims < n_claims) {
     if (capturing) {
-      throw Error("skvq: cuda attend: this call needs a split workspace of " + std::to_string(bytes) +
-                  " bytes on its stream, which has " + std::to_string(b.size) +
+      throw Error("skvq: cuda attend: this call needs a split workspace of " + std::to_string(bytes) + " bytes and " +
+                  std::to_string(n_claims) + " claim counters on its stream, which has " + std::to_string(b.size) + " and " +
+                  std::to_string(b.n_claims) +
                   ", and a stream capture cannot allocate: run the same attention on this stream once before capturing it");
     }
+    const std::size_t keep_bytes = std::max(bytes, b.size), keep_claims = std::max(n_claims, b.n_claims);
     r.drop(b);
-    SKVQ_CUDA_CHECK(cudaMalloc(&b.ptr, bytes));
-    b.size = bytes;
+    SKVQ_CUDA_CHECK(cudaMalloc(&b.ptr, keep_bytes));
+    b.size = keep_bytes;
+    if (keep_claims > 0) {
+      SKVQ_CUDA_CHECK(cudaMalloc(&b.claims, keep_claims * sizeof(unsigned)));
+      SKVQ_CUDA_CHECK(cudaMemset(b.claims, 0, keep_claims * sizeof(unsigned)));  // (synchronous: before any use)
+      b.n_claims = keep_claims;
+    }
   }
   b.captured = b.captured || capturing;
-  return {std::move(lock), static_cast<float*>(b.ptr)};
+  return {std::move(lock), static_cast<float*>(b.ptr), &b};
+}
+
+// Balanced claiming's chunks a split (SKVQ_CUDA_BALANCE=N: N chunks, 0 or 1: off, each block its
+// own split's tiles, deterministic; default 8: the block's own chunk an eighth of a split). Only
+// for splits of kBalanceMinTiles tiles or more: with 4 (B=1 Hkv=8 32k) claiming measured 0.7-1.3
+// us slower, with 13 (B=1 Hkv=8 128k) even to 4% faster, with 26-100 5-8% faster (N = 4, 8, 16, 32
+// side by side: docs/performance.md).
+constexpr int kBalanceMinTiles = 8;
+int balance_chunks() {
+  static const int n = [] {
+    const std::string s = env_switch("SKVQ_CUDA_BALANCE");
+    if (s.empty()) return 8;
+    const int v = std::atoi(s.c_str());
+    return v < 0 ? 0 : std::min(v, 64);
+  }();
+  return n;
 }
 
 // SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
@@ -2840,13 +2989,32 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
                 std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
-  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), stream);
+  // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
+  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
+  // Balanced claiming (the token-major kernel): chunks of split_len / balance_chunks() tiles, at
+  // least 2 (the copies' lead), where that leaves chunks to claim; else each block its split.
+  if (fast) {
+    const int split_tiles = static_cast<int>(p.split_len / kFastTile);
+    const int n = balance_chunks();
+    p.chunk_tiles = split_tiles;
+    if (!mma && n > 1 && split_tiles >= kBalanceMinTiles && body_kernel(p) == Body::tmma) {
+      const int c = std::max(2, (split_tiles + n - 1) / n);
+      const std::int64_t total = (p.q_end + kFastTile - 1) / kFastTile;
+      if ((total + c - 1) / c > p.splits) p.chunk_tiles = c, p.balance = 1;
+    }
+  }
+  const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * ((p.query_rows() + kTmmaRows - 1) / kTmmaRows) : 0;
+  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
   float* ws = w.ptr;
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
   p.ws_acc = ws + 2 * rows * p.splits;
-  // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
-  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
+  if (p.balance) {
+    p.claims = w.buf->claims;
+    p.n_claims = static_cast<int>(n_claims);
+    if (w.buf->dirty) SKVQ_CUDA_CHECK(cudaMemsetAsync(p.claims, 0, static_cast<std::size_t>(n_claims) * sizeof(unsigned), stream));
+    w.buf->dirty = true;  // until the combine kernel (which zeroes them again) is enqueued
+  }
   if (dense) {
     launch_rows<2, 2, true>(p, stream);
   } else {
@@ -2873,6 +3041,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   cfg.attrs = &attr;
   cfg.numAttrs = fast && dependent_launch_supported() ? 1 : 0;
   SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine, static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out));
+  if (p.balance) w.buf->dirty = false;
 }
 
 #ifdef SKVQ_CUDA_TRACE

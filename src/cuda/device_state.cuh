@@ -37,6 +37,13 @@ struct AttnParams {
   int div_shift = 32;
   int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
+  // Balanced tile claiming (attn_tmma_kernel; docs/performance.md): a KV head's tiles in chunks of
+  // chunk_tiles; block `split` takes chunk `split` first, then chunks [splits, ..) claimed one at a
+  // time through claims[b * Hkv + h] (zero before the body launch; the combine kernel zeroes the
+  // first n_claims counters after its wait). chunk_tiles = split_len / tile and balance = 0: each
+  // block its own split's tiles, as the other kernels take them.
+  unsigned* claims = nullptr;
+  int n_claims = 0, chunk_tiles = 0, balance = 0;
   // query rows a KV head serves: its Hq / Hkv query heads times Sq rows each
   __host__ __device__ int query_rows() const { return (Hq / Hkv) * Sq; }
 };
