@@ -860,48 +860,41 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
 // copies' lead, so not before the next acquire); the two slots alternate, so
 // a write never meets a read of the previous chunk. next() returns the tiles
 // in order, -1 once there are none.
+__shared__ int g_claimed[2];  // ClaimedTiles: the claimed chunks (two slots, alternating)
 template <int TILE, int KB, int VB, int META_ROW = 0, int STAGES = kStages>
 struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
   using Base = TileStream<TILE, KB, VB, META_ROW, STAGES>;
   static constexpr int kAhead = kStages - 1;
   static_assert(kAhead == 2, "a lead of two tiles (the fifo below)");
-  int chunk, n_chunks, total;
-  bool pool;
-  int* slots;                             // [2] in shared memory: claimed chunks
-  mutable int next_tile, left, seq = 0;   // the next tile to issue, tiles left in its chunk, chunks begun
-  mutable int f0 = -1, f1 = -1;           // tiles issued and not yet returned, oldest first
-  mutable unsigned pending = 0;           // thread 0: a claim's answer not yet written
-  mutable int pending_slot = -1;
+  // (the chunk size and counts are read from the kernel's parameters where used: no registers)
+  mutable int next_tile, left, seq = 0;  // the next tile to issue, tiles left in its chunk, chunks begun
+  mutable int f0 = -1, f1 = -1;          // tiles issued and not yet returned, oldest first
+  mutable unsigned pending = 0;          // thread 0: a claim's answer not yet written
+  mutable bool outstanding = false;      // thread 0: `pending` is for slot (seq + 1) & 1
 
   __device__ ClaimedTiles(const AttnParams& p_, const FastLayout<TILE>& lay_, unsigned char* ring_, std::int64_t bh_, int split)
       : Base(p_, lay_, ring_, bh_, 0, p_.q_end) {
-    __shared__ int claimed[2];
-    slots = claimed;
-    chunk = p_.chunk_tiles;
-    total = this->n_tiles;
-    n_chunks = (total + chunk - 1) / chunk;
-    pool = n_chunks > p_.splits;
-    next_tile = split * chunk;
-    left = min(chunk, total - next_tile);
+    next_tile = split * p_.chunk_tiles;
+    left = min(p_.chunk_tiles, p_.head_tiles - next_tile);
     claim();
   }
   __device__ void claim() const {  // for the chunk after the one just begun
-    if (pool && threadIdx.x == 0) {
+    if (this->p.balance && threadIdx.x == 0) {
       pending = atomicAdd(this->p.claims + this->bh, 1u);
-      pending_slot = (seq + 1) & 1;
+      outstanding = true;
     }
   }
   __device__ int advance() const {
     if (left == 0) {
       if (next_tile < 0) return -1;
       ++seq;
-      const int c = pool ? this->p.splits + slots[seq & 1] : n_chunks;
-      if (c >= n_chunks) {
+      const int c = this->p.balance ? this->p.splits + g_claimed[seq & 1] : this->p.head_chunks;
+      if (c >= this->p.head_chunks) {
         next_tile = -1;
         return -1;
       }
-      next_tile = c * chunk;
-      left = min(chunk, total - next_tile);
+      next_tile = c * this->p.chunk_tiles;
+      left = min(this->p.chunk_tiles, this->p.head_tiles - next_tile);
       claim();
     }
     --left;
@@ -925,9 +918,9 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
   // Waits for the next tile, starts the copy of the one two ahead, returns its stage and (in `tile`)
   // its index in the head, -1 when the block's tiles are done.
   __device__ const unsigned char* next(int& tile) const {
-    if (pending_slot >= 0) {  // thread 0 only
-      slots[pending_slot] = static_cast<int>(min(pending, 1u << 30));
-      pending_slot = -1;
+    if (outstanding) {  // thread 0 only (the slot: seq is still the chunk the claim was made on)
+      g_claimed[(seq + 1) & 1] = static_cast<int>(min(pending, 1u << 30));
+      outstanding = false;
     }
     cp_async_wait_stages();
     __syncthreads();
@@ -2997,11 +2990,12 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     const int split_tiles = static_cast<int>(p.split_len / kFastTile);
     const int n = balance_chunks();
     p.chunk_tiles = split_tiles;
+    p.head_tiles = static_cast<int>((p.q_end + kFastTile - 1) / kFastTile);
     if (!mma && n > 1 && split_tiles >= kBalanceMinTiles && body_kernel(p) == Body::tmma) {
       const int c = std::max(2, (split_tiles + n - 1) / n);
-      const std::int64_t total = (p.q_end + kFastTile - 1) / kFastTile;
-      if ((total + c - 1) / c > p.splits) p.chunk_tiles = c, p.balance = 1;
+      if ((p.head_tiles + c - 1) / c > p.splits) p.chunk_tiles = c, p.balance = 1;
     }
+    p.head_chunks = (p.head_tiles + p.chunk_tiles - 1) / p.chunk_tiles;
   }
   const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * ((p.query_rows() + kTmmaRows - 1) / kTmmaRows) : 0;
   const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), static_cast<std::size_t>(n_claims), stream);

@@ -42,8 +42,10 @@ struct AttnParams {
   // time through claims[b * Hkv + h] (zero before the body launch; the combine kernel zeroes the
   // first n_claims counters after its wait). chunk_tiles = split_len / tile and balance = 0: each
   // block its own split's tiles, as the other kernels take them.
+  // (balance: chunks to claim exist; tiles and chunks: the head's, ceil(q_end / tile) and
+  // ceil(tiles / chunk_tiles), worked out by the host so that a block keeps no register for them)
   unsigned* claims = nullptr;
-  int n_claims = 0, chunk_tiles = 0, balance = 0;
+  int n_claims = 0, chunk_tiles = 0, balance = 0, head_tiles = 0, head_chunks = 0;
   // query rows a KV head serves: its Hq / Hkv query heads times Sq rows each
   __host__ __device__ int query_rows() const { return (Hq / Hkv) * Sq; }
 };
