@@ -16,6 +16,9 @@
 // group keeps its own online softmax (max, sum, accumulators); the block
 // merges its 16 groups in shared memory and writes one partial per split,
 // and the combine kernel merges the splits and undoes the value permutation.
+// (attn_tmma_kernel's blocks with 8 tiles or more take their own split's
+// first chunk, then claim chunks of the head's tiles while they run:
+// ClaimedTiles. A partial then covers whatever tiles its block took.)
 #include <cfloat>
 #include <cstdlib>
 #include <map>
