@@ -2627,6 +2627,13 @@ int fast_rows_per_launch(const AttnParams& p, int left) {
   }
 }
 
+// Launches of the pipelined kernel for all of p's query rows (launch_fast_rows' row loop).
+int fast_launches(const AttnParams& p) {
+  int n = 0;
+  for (int row = 0; row < p.query_rows(); row += fast_rows_per_launch(p, p.query_rows() - row)) ++n;
+  return n;
+}
+
 // Calls f with the pipelined kernel for nq query rows (the integer
 // tensor-core kernel: up to 8; the float32 kernel: 4, 2 or 1) and the
 // metadata type of p.
@@ -3000,7 +3007,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     }
     p.head_chunks = (p.head_tiles + p.chunk_tiles - 1) / p.chunk_tiles;
   }
-  const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * ((p.query_rows() + kTmmaRows - 1) / kTmmaRows) : 0;
+  // (a counter per KV head and body launch: launch_fast_rows moves each launch to its own)
+  const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * fast_launches(p) : 0;
   const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
   float* ws = w.ptr;
   p.ws_m = ws;
