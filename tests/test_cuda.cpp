@@ -739,23 +739,29 @@ TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
     cuda::DeviceCache gpu(cfg, B, H, 128, kLen);
     cpu.append(k.view(), v.view());
     gpu.append(k.view(), v.view());
-    Tensor q = randn({B, 4 * H, 1, 128}, 33, DType::f32);
-    const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
-    float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
-    float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
-    cuda::copy_to_device(dq, q.data(), q.nbytes());
-    for (int splits : {2, 4, 3, 2}) {  // (2 twice: the counters of the calls between reset)
-      for (int call = 0; call < 2; ++call) {
-        gpu.attend_device(dq, 4 * H, 1, 0.1f, dout, splits);
-        Tensor got(DType::f32, want.shape());
-        cuda::copy_to_host(got.data(), dout, got.nbytes());
-        expect_close(cpu, q.view(), k.view(), v.view(), 0.1f, got.view(), want.view(),
-                     "window " + std::to_string(window) + " group " + std::to_string(group) + " bits " + std::to_string(bits) +
-                         " splits " + std::to_string(splits) + " call " + std::to_string(call));
+    // 4 query rows a KV head: the token-major kernel, 1 at K2V2 g128 its one-row form (claiming,
+    // 38-39 tiles a head: 10-19 a split); the others the one-token-per-lane kernel (its own split's
+    // tiles, the counters untouched between calls that claim).
+    for (const std::int64_t G : {4, 1, 2}) {
+      Tensor q = randn({B, G * H, 1, 128}, 33, DType::f32);
+      const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+      float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
+      float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
+      cuda::copy_to_device(dq, q.data(), q.nbytes());
+      for (int splits : {2, 4, 3, 2}) {  // (2 twice: the counters of the calls between reset)
+        for (int call = 0; call < 2; ++call) {
+          gpu.attend_device(dq, G * H, 1, 0.1f, dout, splits);
+          Tensor got(DType::f32, want.shape());
+          cuda::copy_to_host(got.data(), dout, got.nbytes());
+          expect_close(cpu, q.view(), k.view(), v.view(), 0.1f, got.view(), want.view(),
+                       "window " + std::to_string(window) + " group " + std::to_string(group) + " bits " + std::to_string(bits) +
+                           " rows a KV head " + std::to_string(G) + " splits " + std::to_string(splits) + " call " +
+                           std::to_string(call));
+        }
       }
+      cuda::device_free(dq);
+      cuda::device_free(dout);
     }
-    cuda::device_free(dq);
-    cuda::device_free(dout);
   }
 }
 

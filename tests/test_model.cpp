@@ -343,6 +343,9 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"generate --model " + model + " --prompt hi --save-cache " + fs::temp_directory_path().string(), "is a directory"},
       {"eval --model " + model + " --text " + model + " --json " + err + "/sub/t.json", err + " is not a directory"},
       {"convert --model " + model + " --out " + err + "/x.gguf", "--out " + err + "/x.gguf: " + err + " is not a directory"},
+      // refused by the file system, not by the permission bits, when running as root
+      {"eval --model " + model + " --text " + model + " --json /proc/skvq-none/t.json",
+       "--json /proc/skvq-none/t.json: directory /proc is not writable"},
   };
   for (const auto& [args, needle] : cases) {
     const auto [rc, text] = run(args);
