@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On a GPU machine: the GPU tests (plus compute-sanitizer memcheck), the GPU
-# benchmarks and PyTorch's fp16 flash attention on the same shapes, in one
-# run; prints a short table last. Uses binaries built by scripts/gpu_build.sh
+# On a GPU machine: the GPU benchmarks and PyTorch's fp16 flash attention on
+# the same shapes, then the GPU tests (plus compute-sanitizer), in one run;
+# prints a short table last. Uses binaries built by scripts/gpu_build.sh
 # (carried in .devrun/) when present, else builds here.
 # Usage: scripts/gpu.sh [--quick] [OUT_DIR]
 set -uo pipefail
@@ -17,6 +17,13 @@ else
   bin=build-gpu; cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/ 2>/dev/null
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+# The benchmarks first (a minute), on a device that the tests have not yet
+# kept busy for minutes (after them, session 32 measured 4 fewer cells at 70%
+# of copy than a run of the benchmarks alone); their tables print last.
+echo "== benchmarks"
+"$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
+SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
+python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
 echo "== GPU tests"
 "$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
 grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
@@ -55,10 +62,7 @@ echo "== compute-sanitizer initcheck and racecheck"
 compute-sanitizer --tool initcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 1 | tee "$out/initcheck.txt"
 compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' 2>&1 | tail -n 1 | tee "$out/racecheck.txt"
 SKVQ_CUDA_BALANCE=64 compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.ClaimedTiles*' 2>&1 | tail -n 1 | tee -a "$out/racecheck.txt"
-echo "== benchmarks"
-"$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
-SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
-python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
+echo "== benchmark results (measured first, above)"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

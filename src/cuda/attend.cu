@@ -103,8 +103,7 @@ __device__ __forceinline__ float pow2_neg(int k) { return __uint_as_float(static
 
 // ---- per-block timestamps (cuda/trace.hpp; empty unless SKVQ_CUDA_TRACE) ----
 #ifdef SKVQ_CUDA_TRACE
-__device__ trace::Record g_trace[trace::kCapacity];
-__device__ unsigned g_trace_n;
+__device__ trace::Record g_trace[trace::kCapacity];  // body block l at l, combine block l at kCapacity / 2 + l
 #endif
 __device__ __forceinline__ std::uint64_t trace_now() {
 #ifdef SKVQ_CUDA_TRACE
@@ -119,11 +118,15 @@ __device__ __forceinline__ void trace_block([[maybe_unused]] std::uint32_t kind,
                                            [[maybe_unused]] std::uint64_t t1) {
 #ifdef SKVQ_CUDA_TRACE
   if (threadIdx.x != 0) return;
+  // a slot per block, no shared counter: an atomic on one counter, taken by hundreds of blocks
+  // ending together, had put its round trip into every block's end and into the body's
+  // completion (sessions 26-31)
+  const std::uint64_t t2 = trace_now();
   unsigned sm;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  const unsigned i = atomicAdd(&g_trace_n, 1u);
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (i < trace::kCapacity) g_trace[i] = trace::Record{t0, t1, trace_now(), kind, sm, block, 0};
+  const unsigned i = (kind == trace::kCombine ? trace::kCapacity / 2 : 0u) + block;
+  if (block < trace::kCapacity / 2) g_trace[i] = trace::Record{t0, t1, t2, kind, sm, block, 0};
 #endif
 }
 
@@ -3052,16 +3055,17 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
 #ifdef SKVQ_CUDA_TRACE
 namespace trace {
 void reset() {
-  const unsigned zero = 0;
   SKVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  SKVQ_CUDA_CHECK(cudaMemcpyToSymbol(g_trace_n, &zero, sizeof zero));
+  void* at = nullptr;
+  SKVQ_CUDA_CHECK(cudaGetSymbolAddress(&at, g_trace));
+  SKVQ_CUDA_CHECK(cudaMemset(at, 0, sizeof(Record) * kCapacity));
 }
 std::vector<Record> fetch() {
-  unsigned n = 0;
   SKVQ_CUDA_CHECK(cudaDeviceSynchronize());
-  SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(&n, g_trace_n, sizeof n));
-  std::vector<Record> r(std::min(n, kCapacity));
-  if (!r.empty()) SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(r.data(), g_trace, r.size() * sizeof(Record)));
+  std::vector<Record> all(kCapacity), r;
+  SKVQ_CUDA_CHECK(cudaMemcpyFromSymbol(all.data(), g_trace, all.size() * sizeof(Record)));
+  for (const Record& e : all)
+    if (e.kind != 0) r.push_back(e);
   return r;
 }
 }  // namespace trace

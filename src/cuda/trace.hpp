@@ -24,7 +24,9 @@ constexpr std::uint32_t kCapacity = 1u << 16;
 
 #ifdef SKVQ_CUDA_TRACE
 void reset();                 // forget the records so far (synchronizes the device)
-std::vector<Record> fetch();  // the records since the last reset, in no order (synchronizes)
+// The records since the last reset, in no order (synchronizes): one a block, in a slot of its own
+// (no shared counter to contend for at the blocks' end), of the kind's last launch.
+std::vector<Record> fetch();
 #endif
 
 }  // namespace skvq::cuda::trace
