@@ -331,6 +331,10 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"generate --model " + model + " --prompt hi -n -3", "-n -3"},
       {"generate --model " + model + " --prompt hi --load-cache /nonexistent.st", "--load-cache"},
       {"eval --model " + model + " --text /nonexistent.txt", "--text"},
+      // directories given as input files (they open as streams and fail only when read)
+      {"eval --model " + model + " --text " + fs::temp_directory_path().string(), ": is a directory"},
+      {"generate --model " + fs::temp_directory_path().string() + " --prompt hi", ": is a directory"},
+      {"generate --model " + model + " --prompt hi --load-cache " + fs::temp_directory_path().string(), ": is a directory"},
       {"eval --model " + model + " --text " + model + " --config :bits_key=2", "NAME"},
       {"eval --model " + model + " --text " + model + " --config a:window=1", "window=1"},
       {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},

@@ -76,6 +76,13 @@ TEST(Npy, RoundTripAndErrors) {
   write_file(d.path / "f.npy", fortran);
   EXPECT_THROW(io::read_npy((d.path / "f.npy").string()), Error);
   EXPECT_THROW(io::read_npy((d.path / "missing.npy").string()), Error);
+  // a directory opens as a stream on Linux and fails only when read: refused by name
+  try {
+    io::read_npy(d.path.string());
+    ADD_FAILURE() << "a directory read as .npy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(d.path.string() + ": is a directory"), std::string::npos) << e.what();
+  }
   write_file(d.path / "long.npy", good + "xx");
   EXPECT_THROW(io::read_npy((d.path / "long.npy").string()), Error);
 }
@@ -147,6 +154,10 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"quantize --keys " + (d.path / "junk.npy").string() + " --values " + (d.path / "v.npy").string() + o, "--keys"},
       {"quantize --keys " + (d.path / "k.npy").string() + " --values " + (d.path / "v3.npy").string() + o, "--values"},
       {"quantize --keys " + (d.path / "nope.npy").string() + " --values " + (d.path / "v.npy").string() + o, "nope.npy"},
+      {"quantize --keys " + d.path.string() + " --values " + (d.path / "v.npy").string() + o, d.path.string() + ": is a directory"},
+      {"inspect " + d.path.string(), d.path.string() + ": is a directory"},
+      {"demo --kv-len 99999999999999999999", "99999999999999999999 is out of the 64-bit integer range"},
+      {"demo --kv-len 100000000 --heads 64", "2^30 values"},
       {"quantize" + kv, "--out"},
       {"frobnicate", "frobnicate"},
   };

@@ -1,15 +1,34 @@
 // Helpers shared by the skvq subcommands: usage errors and atomic output.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "skvq/config.hpp"
 
 namespace skvq::tools {
+
+// For 64-bit integer options: CLI11 reads a number past the int64 range as
+// the nearest bound (strtoll saturates), so that --kv-len
+// 99999999999999999999 would run as 9223372036854775807; this refuses it,
+// naming the value as written.
+inline CLI::Validator int64_in_range() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::int64_t v = 0;
+        const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+        if (std::from_chars(b, s.data() + s.size(), v).ec == std::errc::result_out_of_range) return s + " is out of the 64-bit integer range";
+        return "";
+      },
+      "INT64");
+}
 
 // A bad argument or input file: the program prints "skvq <cmd>: <message>"
 // on one line and exits with status 2.

@@ -46,6 +46,13 @@ int run_demo(const DemoArgs& a) {
   if (a.kv_len < 1) throw UsageError("--kv-len " + std::to_string(a.kv_len) + " must be >= 1");
   if (a.heads < 1) throw UsageError("--heads " + std::to_string(a.heads) + " must be >= 1");
   if (a.head_dim < 2 || a.head_dim > 1024) throw UsageError("--head-dim " + std::to_string(a.head_dim) + " must be in [2, 1024]");
+  // The demo holds the keys and values several times over (fp16 inputs, their reconstructions,
+  // float32 attention inputs): at most 2^30 values a tensor, about 10 GB in all.
+  constexpr std::int64_t kMaxValues = std::int64_t{1} << 30;
+  if (a.kv_len > kMaxValues / a.heads / a.head_dim) {
+    throw UsageError("--kv-len " + std::to_string(a.kv_len) + " x --heads " + std::to_string(a.heads) + " x --head-dim " +
+                     std::to_string(a.head_dim) + " is more than the demo's 2^30 values a key or value tensor; use a smaller --kv-len");
+  }
   workload::SyntheticSpec sp;
   sp.kv_len = a.kv_len;
   sp.num_kv_heads = a.heads;
@@ -121,9 +128,9 @@ int run_demo(const DemoArgs& a) {
 void register_demo(CLI::App& app, CommandList& commands) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* sub = app.add_subcommand("demo", "Built-in LLM-like workload through several bit settings (no files needed)");
-  sub->add_option("--kv-len", args->kv_len, "tokens in the synthetic context")->capture_default_str();
-  sub->add_option("--heads", args->heads, "KV heads")->capture_default_str();
-  sub->add_option("--head-dim", args->head_dim, "head dim")->capture_default_str();
+  sub->add_option("--kv-len", args->kv_len, "tokens in the synthetic context")->check(int64_in_range())->capture_default_str();
+  sub->add_option("--heads", args->heads, "KV heads")->check(int64_in_range())->capture_default_str();
+  sub->add_option("--head-dim", args->head_dim, "head dim")->check(int64_in_range())->capture_default_str();
   sub->add_option("--seed", args->seed, "workload seed")->capture_default_str();
   commands.emplace_back(sub, [args] { return run_demo(*args); });
 }

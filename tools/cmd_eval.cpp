@@ -15,6 +15,7 @@
 #include "model/runner.hpp"
 #include "model_cli.hpp"
 #include "skvq/skvq.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq::tools {
 
@@ -58,8 +59,8 @@ Named parse_config(const std::string& spec, int head_dim) {
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw UsageError("--text " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw UsageError("--text " + path + ": " + why);
   std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (s.compare(0, 3, "\xEF\xBB\xBF") == 0) s.erase(0, 3);  // UTF-8 BOM
   std::string out;
@@ -193,7 +194,7 @@ void register_eval(CLI::App& app, CommandList& commands) {
   sub->add_option("--model", a->model, "llama2.c checkpoint or GGUF file")->required();
   sub->add_option("--tokenizer", a->tokenizer, "llama2.c tokenizer file (default: beside the model, or the GGUF's own)");
   sub->add_option("--text", a->text, "UTF-8 text file")->required();
-  sub->add_option("--max-tokens", a->max_tokens, "tokens of the text to use")->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "tokens of the text to use")->check(int64_in_range())->capture_default_str();
   sub->add_option("--config", a->configs, "NAME:FIELD=VALUE,... (repeatable; default one config with the spec defaults)");
   sub->add_option("--json", a->json, "also write the table as JSON to FILE");
   commands.emplace_back(sub, [a] { return run_eval(*a); });

@@ -29,6 +29,7 @@
 #include "core/skvq_state.hpp"
 #include "io/report_json.hpp"
 #include "skvq/error.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq {
 
@@ -546,8 +547,8 @@ PromptCache load_prompt_cache_bytes(std::span<const std::uint8_t> bytes, CacheFi
 }
 
 PromptCache load_prompt_cache(const std::string& path, CacheFileExtras* extras) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("skvq: cache file " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: cache file " + path + ": " + why);
   std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   try {
     return load_prompt_cache_bytes(bytes, extras);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "skvq/error.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq::io {
 
@@ -47,8 +48,8 @@ std::string dict_value(const std::string& hdr, const std::string& key, const std
 }  // namespace
 
 NpyArray read_npy(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, "cannot open file");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) fail(path, why == "cannot open" ? "cannot open file" : why);
   std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) fail(path, "not an .npy file (bad magic)");
   const int major = static_cast<unsigned char>(bytes[6]);

@@ -10,6 +10,7 @@
 #include "model/model.hpp"
 #include "skvq/dtype.hpp"
 #include "skvq/error.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq::model {
 
@@ -234,8 +235,8 @@ void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, c
 }
 
 Model load_gguf(const std::string& path, Tokenizer* tok) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("skvq: gguf " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: gguf " + path + ": " + why);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   In in(bytes, path);
   if (bytes.size() < 24 || std::memcmp(bytes.data(), "GGUF", 4) != 0) in.fail("not a GGUF file (bad magic)");

@@ -8,6 +8,7 @@
 
 #include "model/model.hpp"
 #include "skvq/error.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq::model {
 
@@ -16,8 +17,8 @@ namespace {
 constexpr std::uint32_t kMagic = 0x616b3432;  // "ak42"
 
 std::vector<char> read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("skvq: model " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: model " + path + ": " + why);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 
@@ -184,8 +185,8 @@ Model load_llama2c(const std::string& path) {
 }
 
 Model load_model(const std::string& path, const std::string& tokenizer_path, Tokenizer* tok) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("skvq: model " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: model " + path + ": " + why);
   char magic[4] = {0, 0, 0, 0};
   f.read(magic, 4);
   if (std::memcmp(magic, "GGUF", 4) == 0) {

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "skvq/error.hpp"
+#include "core/open_input.hpp"
 
 namespace skvq::model {
 
@@ -32,8 +33,8 @@ int Tokenizer::lookup(const std::string& s) const {
 }
 
 Tokenizer Tokenizer::load_llama2c(const std::string& path, int vocab_size) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error("skvq: tokenizer " + path + ": cannot open");
+  std::ifstream f;
+  if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: tokenizer " + path + ": " + why);
   std::int32_t max_len = 0;
   if (!f.read(reinterpret_cast<char*>(&max_len), 4) || max_len < 1 || max_len > 1 << 16) {
     throw Error("skvq: tokenizer " + path + ": bad header (max_token_length)");
