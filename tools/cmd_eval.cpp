@@ -12,10 +12,10 @@
 
 #include "cli_common.hpp"
 #include "commands.hpp"
+#include "core/open_input.hpp"
 #include "model/runner.hpp"
 #include "model_cli.hpp"
 #include "skvq/skvq.hpp"
-#include "core/open_input.hpp"
 
 namespace skvq::tools {
 

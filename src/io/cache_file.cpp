@@ -26,10 +26,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/open_input.hpp"
 #include "core/skvq_state.hpp"
 #include "io/report_json.hpp"
 #include "skvq/error.hpp"
-#include "core/open_input.hpp"
 
 namespace skvq {
 

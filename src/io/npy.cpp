@@ -6,8 +6,8 @@
 #include <iterator>
 #include <sstream>
 
-#include "skvq/error.hpp"
 #include "core/open_input.hpp"
+#include "skvq/error.hpp"
 
 namespace skvq::io {
 

@@ -7,10 +7,10 @@
 #include <map>
 #include <variant>
 
+#include "core/open_input.hpp"
 #include "model/model.hpp"
 #include "skvq/dtype.hpp"
 #include "skvq/error.hpp"
-#include "core/open_input.hpp"
 
 namespace skvq::model {
 

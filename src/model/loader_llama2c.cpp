@@ -6,9 +6,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/open_input.hpp"
 #include "model/model.hpp"
 #include "skvq/error.hpp"
-#include "core/open_input.hpp"
 
 namespace skvq::model {
 

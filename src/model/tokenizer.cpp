@@ -5,8 +5,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "skvq/error.hpp"
 #include "core/open_input.hpp"
+#include "skvq/error.hpp"
 
 namespace skvq::model {
 
