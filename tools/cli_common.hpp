@@ -27,7 +27,7 @@ inline CLI::Validator int64_in_range() {
         if (std::from_chars(b, s.data() + s.size(), v).ec == std::errc::result_out_of_range) return s + " is out of the 64-bit integer range";
         return "";
       },
-      "INT64");
+      "", "INT64");  // no description: --help keeps CLI11's own "INT" rather than "INT:INT64"
 }
 
 // A bad argument or input file: the program prints "skvq <cmd>: <message>"
