@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
 out=${1:-${OUT:-/tmp/skvq-gpu}}
 mkdir -p "$out"
+[ -f .devrun/devrun.tar.xz ] && [ ! -x .devrun/skvq_tests ] && tar -C .devrun -xJf .devrun/devrun.tar.xz
 if [ -x .devrun/skvq_tests ]; then
-  [ -f .devrun/lib.tar.xz ] && [ ! -d .devrun/lib ] && tar -C .devrun -xJf .devrun/lib.tar.xz
   bin=.devrun; export LD_LIBRARY_PATH="$PWD/.devrun/lib:${LD_LIBRARY_PATH:-}"
 else
   cmake -S . -B build-gpu -DSKVQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j"$(nproc)" >/dev/null || exit 1
@@ -24,44 +24,63 @@ echo "== benchmarks"
 "$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
 SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
 python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
-echo "== GPU tests"
-"$bin/skvq_tests" --gtest_filter='Cuda*:Attend*:SpecCases*' > "$out/tests.txt" 2>&1
-grep -E "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" "$out/tests.txt" | head -n 30
+# The test runs are independent of each other: they go to the GPU together
+# (background jobs, each with its own output file; a full sequential pass took
+# about nine minutes, near a device call's ten), and their summaries print in
+# this order once all are done.
+t0=$(date +%s)
+run() {  # run NAME [ENV=VALUE ...] -- ARGS...: "$bin/skvq_tests" ARGS with the environment, into $out/NAME.txt
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" "$bin/skvq_tests" "$@" > "$out/$name.txt" 2>&1 &
+}
+sanitize() {  # sanitize NAME TOOL [ENV=VALUE ...] -- FILTER: compute-sanitizer TOOL on the tests FILTER selects
+  local name=$1 tool=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/skvq_tests" --gtest_filter="$1" > "$out/$name.txt" 2>&1 &
+}
+run tests -- --gtest_filter='Cuda*:Attend*:SpecCases*'
+for m in fast rs imma tmma; do run "tests_$m" SKVQ_CUDA_BODY=$m -- --gtest_filter='Cuda*'; done
+run tests_tmma_noone SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 -- --gtest_filter='Cuda*'
+run tests_nopair SKVQ_CUDA_TMMA_PAIR=0 -- --gtest_filter='Cuda*'
+run tests_nobalance SKVQ_CUDA_BALANCE=0 -- --gtest_filter='Cuda*'
+run tests_balance64 SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma -- --gtest_filter='Cuda*'
+run tests_quotients SKVQ_CUDA_FLUSH=quotients -- --gtest_filter='Cuda.Flush*'
+run tests_exact SKVQ_CUDA_FLUSH=exact -- --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
+run tests_nopdl SKVQ_CUDA_PDL=0 -- --gtest_filter='Cuda*'
+run tests_mma SKVQ_CUDA_MMA=1 -- --gtest_filter='Cuda*'
+sanitize memcheck memcheck -- 'Cuda*'
+sanitize initcheck initcheck -- 'Cuda*'
+sanitize racecheck racecheck -- 'Cuda.Flush*'
+sanitize racecheck_claims racecheck SKVQ_CUDA_BALANCE=64 -- 'Cuda.ClaimedTiles*'
+wait
+echo "(the tests and sanitizers ran side by side in $(( $(date +%s) - t0 )) s)"
+summary() {  # summary TITLE NAME PATTERN LINES
+  echo "== $1"
+  grep -E "$3" "$out/$2.txt" | head -n "$4"
+}
+summary "GPU tests" tests "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" 30
 for m in fast rs imma tmma; do
-  echo "== GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)"
-  SKVQ_CUDA_BODY=$m "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_$m.txt" 2>&1
-  grep -E "Failure|FAILED|PASSED" "$out/tests_$m.txt" | head -n 10
+  summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m" "Failure|FAILED|PASSED" 10
 done
-echo "== GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)"
-SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_tmma_noone.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_tmma_noone.txt" | head -n 10
-echo "== GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)"
-SKVQ_CUDA_TMMA_PAIR=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopair.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_nopair.txt" | head -n 10
-echo "== GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0), and tiles shared in chunks of 2 (=64)"
-SKVQ_CUDA_BALANCE=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nobalance.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_nobalance.txt" | head -n 10
-SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_balance64.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_balance64.txt" | head -n 10
-
-echo "== GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)"
-SKVQ_CUDA_FLUSH=quotients "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' > "$out/tests_quotients.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_quotients.txt" | head -n 10
-echo "== GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)"
-SKVQ_CUDA_FLUSH=exact "$bin/skvq_tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*' > "$out/tests_exact.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_exact.txt" | head -n 10
-echo "== GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)"
-SKVQ_CUDA_PDL=0 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_nopdl.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_nopdl.txt" | head -n 10
-echo "== GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)"
-SKVQ_CUDA_MMA=1 "$bin/skvq_tests" --gtest_filter='Cuda*' > "$out/tests_mma.txt" 2>&1
-grep -E "Failure|FAILED|PASSED" "$out/tests_mma.txt" | head -n 10
+summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone "Failure|FAILED|PASSED" 10
+summary "GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)" tests_nopair "Failure|FAILED|PASSED" 10
+summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance "Failure|FAILED|PASSED" 10
+summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64 "Failure|FAILED|PASSED" 10
+summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients "Failure|FAILED|PASSED" 10
+summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact "Failure|FAILED|PASSED" 10
+summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl "Failure|FAILED|PASSED" 10
+summary "GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)" tests_mma "Failure|FAILED|PASSED" 10
 echo "== compute-sanitizer memcheck"
-compute-sanitizer --tool memcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 3 | tee "$out/memcheck.txt"
+tail -n 3 "$out/memcheck.txt"
 echo "== compute-sanitizer initcheck and racecheck"
-compute-sanitizer --tool initcheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda*' 2>&1 | tail -n 1 | tee "$out/initcheck.txt"
-compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.Flush*' 2>&1 | tail -n 1 | tee "$out/racecheck.txt"
-SKVQ_CUDA_BALANCE=64 compute-sanitizer --tool racecheck --error-exitcode 3 "$bin/skvq_tests" --gtest_filter='Cuda.ClaimedTiles*' 2>&1 | tail -n 1 | tee -a "$out/racecheck.txt"
+tail -n 1 "$out/initcheck.txt"
+tail -n 1 "$out/racecheck.txt"
+tail -n 1 "$out/racecheck_claims.txt"
 echo "== benchmark results (measured first, above)"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
