@@ -520,17 +520,14 @@ template <int PARTS, int ROWS>
 __device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, const float* pm,
                                              const float* pl, const float* pacc) {
   static_assert(kThreads == kD, "a thread per channel");
-  const int G = p.Hq / p.Hkv, j = threadIdx.x;
-  const int live = min(ROWS, p.query_rows() - row0);  // the block's rows that exist (the same for every thread)
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows(), j = threadIdx.x;
   float M[ROWS], L[ROWS], A[ROWS];
 #pragma unroll
   for (int n = 0; n < ROWS; ++n) {
-    M[n] = -INFINITY, L[n] = 0.0f, A[n] = 0.0f;
-    // (the token-major kernel's one-row form holds its row in all four slots: merge only the rows
-    // that exist)
-    if (n >= live) continue;
+    M[n] = -INFINITY;
 #pragma unroll
     for (int g = 0; g < PARTS; ++g) M[n] = fmaxf(M[n], pm[g * ROWS + n]);
+    L[n] = 0.0f, A[n] = 0.0f;
     if (M[n] != -INFINITY) {
 #pragma unroll
       for (int g = 0; g < PARTS; ++g) {
@@ -542,8 +539,8 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, 
   }
 #pragma unroll
   for (int n = 0; n < ROWS; ++n) {
-    if (n >= live) break;
     const int row = row0 + n;
+    if (row >= n_rows) break;
     const int gq = row / p.Sq, i = row % p.Sq;
     const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
     const std::int64_t at = qrow * p.splits + out_split;
