@@ -506,46 +506,33 @@ __device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a 
   return v;
 }
 
-// Merges PARTS partial softmax states per query row (max m, sum l, acc[kD])
+// Merges n_parts partial softmax states per query row (max m, sum l, acc[kD])
 // held in shared memory as [part][row] and writes one partial per row of
-// this block (ROWS rows from row0) to the workspace slot `out_split`. Thread
-// j takes channel j of every row (blocks of kThreads = kD threads): all rows'
-// loads and merges first, unrolled and independent of each other, then the
-// stores. (Written as a loop over rows x channels strided by blockDim.x, the
-// rows ran one after another, each a chain of shared loads, exponentials and
-// a 64-bit index with a division: the token-major kernel's blocks took 1.8 us
-// after their last tile, 0.5-0.8 us in the one-token-per-lane kernel, traced
-// in session 33.)
-template <int PARTS, int ROWS>
-__device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, const float* pm,
-                                             const float* pl, const float* pacc) {
-  static_assert(kThreads == kD, "a thread per channel");
-  const int G = p.Hq / p.Hkv, n_rows = p.query_rows(), j = threadIdx.x;
-  float M[ROWS], L[ROWS], A[ROWS];
-#pragma unroll
-  for (int n = 0; n < ROWS; ++n) {
-    M[n] = -INFINITY;
-#pragma unroll
-    for (int g = 0; g < PARTS; ++g) M[n] = fmaxf(M[n], pm[g * ROWS + n]);
-    L[n] = 0.0f, A[n] = 0.0f;
-    if (M[n] != -INFINITY) {
-#pragma unroll
-      for (int g = 0; g < PARTS; ++g) {
-        const float w = fast_exp2(pm[g * ROWS + n] - M[n]);
-        L[n] = fmaf(pl[g * ROWS + n], w, L[n]);
-        A[n] = fmaf(pacc[(g * ROWS + n) * kD + j], w, A[n]);
+// this block to the workspace slot `out_split`.
+__device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, int n_parts,
+                                             int rows, const float* pm, const float* pl, const float* pacc) {
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
+  for (int e = threadIdx.x; e < rows * kD; e += blockDim.x) {
+    const int n = e / kD, j = e % kD;
+    const int row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int g = 0; g < n_parts; ++g) M = fmaxf(M, pm[g * rows + n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int g = 0; g < n_parts; ++g) {
+        const float w = fast_exp2(pm[g * rows + n] - M);
+        L += pl[g * rows + n] * w;
+        A += pacc[(g * rows + n) * kD + j] * w;
       }
     }
-  }
-#pragma unroll
-  for (int n = 0; n < ROWS; ++n) {
-    const int row = row0 + n;
-    if (row >= n_rows) break;
     const int gq = row / p.Sq, i = row % p.Sq;
     const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
-    const std::int64_t at = qrow * p.splits + out_split;
-    if (j == 0) p.ws_m[at] = M[n], p.ws_l[at] = L[n];
-    p.ws_acc[at * kD + j] = A[n];
+    if (j == 0) {
+      p.ws_m[qrow * p.splits + out_split] = M;
+      p.ws_l[qrow * p.splits + out_split] = L;
+    }
+    p.ws_acc[(qrow * p.splits + out_split) * kD + j] = A;
   }
 }
 
@@ -566,7 +553,7 @@ __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int
     }
   }
   __syncthreads();
-  store_merged<kGroups, NQ>(p, b, h, row0, out_split, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, out_split, kGroups, NQ, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
 }
 
 template <int KB, int VB, int NQ, bool DENSE>
@@ -1528,7 +1515,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
         for (int i = 0; i < 2; ++i) sm_acc[warp][g][32 * vg + (8 * hh + 2 * t + i) * PV + mm] = acc[vg][hh * PV + mm][i] + lv;
   }
   __syncthreads();
-  store_merged<4, kImmaRows>(p, b, h, row0, split, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, kImmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
 }
 
 // ---- token-major integer tensor-core kernel (up to 4 query rows) ----
@@ -2121,7 +2108,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[tmma_vgroup<GS, VB>(set)]);
       }
   __syncthreads();
-  store_merged<4, kTmmaRows>(p, b, h, row0, split, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
   trace_block(trace::kBody, trace_t0, trace_t1);
 }
 
@@ -2380,7 +2367,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
       wo[warp][gid][ch] = o[c][e] + lo_g;
     }
   __syncthreads();
-  store_merged<4, 8>(p, b, h, row0, split, &wm[0][0], &wl[0][0], &wo[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
 template <int KB, int VB>
