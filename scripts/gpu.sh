@@ -29,52 +29,44 @@ python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch ex
 # about nine minutes, near a device call's ten), and their summaries print in
 # this order once all are done.
 t0=$(date +%s)
-run() {  # run NAME [ENV=VALUE ...] -- ARGS...: "$bin/skvq_tests" ARGS with the environment, into $out/NAME.txt
+job() {  # job NAME COMMAND...: COMMAND in the background, its output into $out/NAME.txt
   local name=$1; shift
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  env "${envs[@]}" "$bin/skvq_tests" "$@" > "$out/$name.txt" 2>&1 &
+  "$@" > "$out/$name.txt" 2>&1 &
 }
-sanitize() {  # sanitize NAME TOOL [ENV=VALUE ...] -- FILTER: compute-sanitizer TOOL on the tests FILTER selects
-  local name=$1 tool=$2; shift 2
-  local envs=()
-  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-  shift
-  env "${envs[@]}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/skvq_tests" --gtest_filter="$1" > "$out/$name.txt" 2>&1 &
-}
-run tests -- --gtest_filter='Cuda*:Attend*:SpecCases*'
-for m in fast rs imma tmma; do run "tests_$m" SKVQ_CUDA_BODY=$m -- --gtest_filter='Cuda*'; done
-run tests_tmma_noone SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 -- --gtest_filter='Cuda*'
-run tests_nopair SKVQ_CUDA_TMMA_PAIR=0 -- --gtest_filter='Cuda*'
-run tests_nobalance SKVQ_CUDA_BALANCE=0 -- --gtest_filter='Cuda*'
-run tests_balance64 SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma -- --gtest_filter='Cuda*'
-run tests_quotients SKVQ_CUDA_FLUSH=quotients -- --gtest_filter='Cuda.Flush*'
-run tests_exact SKVQ_CUDA_FLUSH=exact -- --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
-run tests_nopdl SKVQ_CUDA_PDL=0 -- --gtest_filter='Cuda*'
-run tests_mma SKVQ_CUDA_MMA=1 -- --gtest_filter='Cuda*'
-sanitize memcheck memcheck -- 'Cuda*'
-sanitize initcheck initcheck -- 'Cuda*'
-sanitize racecheck racecheck -- 'Cuda.Flush*'
-sanitize racecheck_claims racecheck SKVQ_CUDA_BALANCE=64 -- 'Cuda.ClaimedTiles*'
+tests="$bin/skvq_tests"
+sanitize=(compute-sanitizer --error-exitcode 3 --tool)
+job tests "$tests" --gtest_filter='Cuda*:Attend*:SpecCases*'
+for m in fast rs imma tmma; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
+job tests_tmma_noone env SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$tests" --gtest_filter='Cuda*'
+job tests_nopair env SKVQ_CUDA_TMMA_PAIR=0 "$tests" --gtest_filter='Cuda*'
+job tests_nobalance env SKVQ_CUDA_BALANCE=0 "$tests" --gtest_filter='Cuda*'
+job tests_balance64 env SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$tests" --gtest_filter='Cuda*'
+job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
+job tests_exact env SKVQ_CUDA_FLUSH=exact "$tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
+job tests_nopdl env SKVQ_CUDA_PDL=0 "$tests" --gtest_filter='Cuda*'
+job tests_mma env SKVQ_CUDA_MMA=1 "$tests" --gtest_filter='Cuda*'
+job memcheck "${sanitize[@]}" memcheck "$tests" --gtest_filter='Cuda*'
+job initcheck "${sanitize[@]}" initcheck "$tests" --gtest_filter='Cuda*'
+job racecheck "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.Flush*'
+job racecheck_claims env SKVQ_CUDA_BALANCE=64 "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.ClaimedTiles*'
 wait
 echo "(the tests and sanitizers ran side by side in $(( $(date +%s) - t0 )) s)"
-summary() {  # summary TITLE NAME PATTERN LINES
+summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt that say how it went
   echo "== $1"
-  grep -E "$3" "$out/$2.txt" | head -n "$4"
+  grep -E "${3:-Failure|FAILED|PASSED}" "$out/$2.txt" | head -n "${4:-10}"
 }
 summary "GPU tests" tests "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" 30
 for m in fast rs imma tmma; do
-  summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m" "Failure|FAILED|PASSED" 10
+  summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m"
 done
-summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone "Failure|FAILED|PASSED" 10
-summary "GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)" tests_nopair "Failure|FAILED|PASSED" 10
-summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance "Failure|FAILED|PASSED" 10
-summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64 "Failure|FAILED|PASSED" 10
-summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients "Failure|FAILED|PASSED" 10
-summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact "Failure|FAILED|PASSED" 10
-summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl "Failure|FAILED|PASSED" 10
-summary "GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)" tests_mma "Failure|FAILED|PASSED" 10
+summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone
+summary "GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)" tests_nopair
+summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance
+summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64
+summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients
+summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact
+summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl
+summary "GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)" tests_mma
 echo "== compute-sanitizer memcheck"
 tail -n 3 "$out/memcheck.txt"
 echo "== compute-sanitizer initcheck and racecheck"

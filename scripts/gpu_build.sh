@@ -13,7 +13,7 @@ for lib in libhwy.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
 done
 # the device call carries at most 64 MiB: stripped, then binaries and
-# libraries in one xz archive (about 36 MB), which scripts/gpu.sh unpacks
+# libraries in one xz archive (about 37 MB), which scripts/gpu.sh unpacks
 strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend
 tar -C .devrun -cf - skvq_tests bench_cuda bench_attend lib | xz -T0 -6 > .devrun/devrun.tar.xz
 rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend
