@@ -723,6 +723,35 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   }
 }
 
+// The token-major kernel with fp16 metadata and 2 or 4 key groups a row takes each token's lo term
+// (sum over groups of the key minimum times q's group sum) from an fp16 MMA, q's sums split into two
+// fp16 parts after a power-of-two scale set by the block's max |q| (docs/numerics.md): q from 1e-6
+// to 1e6 of a standard normal must neither lose the term to fp16 subnormals nor overflow it (past
+// 65504 the parts would be infinite). At 1e6 the bound allows almost anything, but not a NaN or an
+// infinity.
+TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
+  REQUIRE_GPU();
+  for (const auto& [group, kbits] : {std::pair{32, 2}, std::pair{64, 2}, std::pair{32, 4}}) {
+    const Config cfg = gpu_config(128, 5, group, kbits, 2, MetaType::fp16);
+    Tensor k = randn({1, 2, 900, 128}, 21, DType::f16, true), v = randn({1, 2, 900, 128}, 22, DType::f16);
+    SkvqCache cpu(cfg);
+    cuda::DeviceCache gpu(cfg, 1, 2, 128, 900);
+    cpu.append(k.view(), v.view());
+    gpu.append(k.view(), v.view());
+    for (const float factor : {1e-6f, 1.0f, 1e6f}) {
+      Tensor q = randn({1, 8, 1, 128}, 23, DType::f32);  // 4 rows a KV head
+      const auto qv = q.view();
+      for (std::int64_t h = 0; h < 8; ++h)
+        for (std::int64_t d = 0; d < 128; ++d) qv.set(0, h, 0, d, qv.at(0, h, 0, d) * factor);
+      const float scale = 1.0f / std::sqrt(128.0f);
+      const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
+      const Tensor got = gpu.attend(q.view(), scale);
+      expect_close(cpu, q.view(), k.view(), v.view(), scale, got.view(), want.view(),
+                   "group " + std::to_string(group) + " K" + std::to_string(kbits) + " q x " + std::to_string(factor));
+    }
+  }
+}
+
 // Balanced claiming (the token-major kernel, blocks of 8 tiles or more: grouped-query decode and one
 // query row a KV head at K2V2 g128): the blocks of several KV heads
 // and batch rows share each head's tiles out through counters that the combine kernel zeroes, so a

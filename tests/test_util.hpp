@@ -144,7 +144,7 @@ inline PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, flo
     for (const detail::PackedChunk& ch : s.chunks) {
       const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
       for (std::int64_t r = 0; r < ch.n_rows; ++r) {
-        double ak = 0, qk = 0;
+        double ak = 0, qk = 0, los = 0;
         for (std::int64_t j = 0; j < s.head_dim; ++j) {
           const std::int64_t at = bh * mph + (r * Gs + j / g) * mb;
           const double lo = std::fabs(ref::meta_load(ch.lo.data() + at, st.cfg.metadata));
@@ -152,13 +152,17 @@ inline PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, flo
           if (side == 0) {
             ak += qa[static_cast<std::size_t>(j)] * (lo + 3.0 * two_b * sc);
             qk += (two_b - 1) * sc;
+            los += lo;
           } else {
             pb.av = std::max(pb.av, lo + 3.0 * two_b * sc);
             pb.vq = std::max(pb.vq, 128.0 * static_cast<double>(two_b - 1) * sc / 64000.0);
           }
         }
         pb.ak = std::max(pb.ak, ak);
-        pb.qk = std::max(pb.qk, qmax / 65024.0 * qk);
+        // + the CUDA token-major kernel's lo term by an fp16 MMA: q's group sums in two fp16 parts
+        // after a power-of-two scale, 2^-25 2^e <= 2^-25 max|q| GS absolute a group (fp16
+        // subnormals; docs/numerics.md), taken twice
+        pb.qk = std::max(pb.qk, qmax / 65024.0 * qk + 0x1p-24 * qmax * los);
       }
     }
   }

@@ -1541,28 +1541,43 @@ constexpr int kTmmaRows = 4;
 #endif
 constexpr int kTmmaMinBlocks = SKVQ_TMMA_MIN_BLOCKS;
 
-// Whether attn_tmma_kernel takes its value codes by ldmatrix: where every 16-byte span of a value
-// row lies inside one metadata group (all but 2-bit values at groups of 32, whose groups are 8
-// bytes). One `ldmatrix.x4.trans` a span gives a lane b16 column g (bytes 2g, 2g + 1) of 32
-// tokens, rows 2t and 2t + 1 of each 8, and two byte permutes make the A registers of two
-// value sets from them: 1 load and 4 permutes for 4 registers, where word loads and a 4x4 byte
-// transpose took 12 instructions (groups of 128) and single-byte gathers 28 (groups of 32, 64).
+// attn_tmma_kernel takes its value codes by ldmatrix: one `ldmatrix.x4.trans` a 16-byte span of
+// the value rows gives a lane b16 column g (bytes 2g, 2g + 1) of 32 tokens, rows 2t and 2t + 1 of
+// each 8, and two byte permutes make the A registers of two value sets from them (1 load and 4
+// permutes for 4 registers, where word loads and a 4x4 byte transpose took 12 instructions at
+// groups of 128 and single-byte gathers 28 at groups of 32 and 64). A set's bytes must lie in one
+// metadata group. Where every 16-byte span does (all but 2-bit values at groups of 32), set 2s
+// takes the even bytes of span s and set 2s + 1 the odd ones. With 2-bit values at groups of 32
+// (tmma_swap_values) a span holds two groups of 8 bytes, and lane g's column lies in the first for
+// g < 4, in the second otherwise: each lane keeps its even bytes and trades its odd bytes with lane
+// g ^ 4 (one shuffle a register pair), so that set 2s (the span's first group) is the even bytes
+// of lanes g < 4 and the odd bytes that lanes g >= 4 got from them, set 2s + 1 the other way round.
 template <int GS, int VB>
-constexpr bool tmma_ldsm_values() {
-  return !(GS == 32 && VB == 2);
+constexpr bool tmma_swap_values() {
+  return GS == 32 && VB == 2;
 }
-// The byte of a packed value row whose channels are A rows g and g + 8 of
-// value set `set` in attn_tmma_kernel: with ldmatrix, byte 2g + set % 2 of
-// span set / 2; otherwise byte g of the set's 8 bytes.
+// The byte of a packed value row whose channels are A rows g and g + 8 of value set `set` in
+// attn_tmma_kernel (all 8 bytes of a set lie in one metadata group).
 template <int GS, int VB>
 __device__ __forceinline__ constexpr int tmma_vbyte(int set, int g) {
-  return tmma_ldsm_values<GS, VB>() ? 16 * (set / 2) + 2 * g + set % 2 : 8 * set + g;
+  const int span = 16 * (set / 2);
+  if constexpr (tmma_swap_values<GS, VB>()) {
+    if (set % 2 == 0) return g < 4 ? span + 2 * g : span + 2 * (g - 4) + 1;
+    return g >= 4 ? span + 2 * g : span + 2 * (g + 4) + 1;
+  }
+  return span + 2 * g + set % 2;
 }
 // The metadata group of value set `set`: that of its byte for g = 0 (every byte of a set lies in
 // one group).
 template <int GS, int VB>
 __device__ __forceinline__ constexpr int tmma_vgroup(int set) {
   return tmma_vbyte<GS, VB>(set, 0) * (8 / VB) / GS;
+}
+// D += A B, m16n8k16, fp16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // Four 8x8 matrices of 16-bit elements, transposed: lane l gives the address of row l % 8 of
 // matrix l / 8 (16 bytes, 16-byte aligned); lane (g, t) gets element g of rows 2t (low half)
@@ -1790,7 +1805,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     for (int q = 0; q < kPairs; ++q) acc[s][q][0] = acc[s][q][1] = 0.0f;
 #pragma unroll
   for (int v = 0; v < 4; ++v) lacc[v] = 0.0f;
-  [[maybe_unused]] const unsigned vsel = static_cast<unsigned>(g & 3) | ((static_cast<unsigned>(g & 3) + 4u) << 4);  // byte g % 4 of two words
   const unsigned wsel = (g & 1) ? 0x0040u : 0x0051u;  // low (g odd) or high (g even) byte of two weights
 
   // The sinks and row t's causal limit as offsets from the block's first token,
@@ -1805,6 +1819,35 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   float qg[4];
 #pragma unroll
   for (int ks = 0; ks < 4; ++ks) qg[ks / spg] = ks % spg == 0 ? qs[ks] : qg[ks / spg] + qs[ks];
+  // With fp16 metadata and several key groups a row, the lo term sum_kg klo_kg qg_kg of two tokens
+  // and four rows is one fp16 MMA (m16n8k16): A = the tokens' klo as stored (rows g, g + 8; k = the
+  // group), B column n = row r = n / 2's qg 2^-e_r split into two fp16 parts (n even: the nearest
+  // fp16, odd: the rest), so that C columns 2t and 2t + 1 sum to row t's term times 2^-e_t. 2^e_r is
+  // the power of two at or below GS max|q| of row r, a bound on its |qg|: the parts neither overflow
+  // nor lose more than 2^-25 2^e_r to subnormals; products are exact, sums fp32 (docs/numerics.md).
+  // Lane (g, t) holds B rows k = 2t, 2t + 1 of column g.
+  constexpr bool kLoMma = META == 0 && kNG > 1 && !ONE;
+  [[maybe_unused]] unsigned qgb = 0u;
+  [[maybe_unused]] float lo_scale = 1.0f;  // 2^e_t
+  if constexpr (kLoMma) {
+    const auto row_exp = [&](int r) {
+      return min(max(static_cast<int>((__float_as_uint(sq_max[r] * GS) >> 23) & 0xFFu) - 127, -125), 125);
+    };
+    lo_scale = __uint_as_float(static_cast<unsigned>(127 + row_exp(t)) << 23);
+    const float inv = __uint_as_float(static_cast<unsigned>(127 - row_exp(g / 2)) << 23);
+    const int r = g / 2;
+    float qr[4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) qr[ks / spg] = ks % spg == 0 ? sq_sum[r][ks] : qr[ks / spg] + sq_sum[r][ks];
+    const auto part = [&](float x) {
+      x *= inv;
+      const __half hi = __float2half_rn(x);
+      return g % 2 == 0 ? hi : __float2half_rn(x - __half2float(hi));
+    };
+    const float x0 = kNG == 4 && t == 1 ? qr[2] : qr[0], x1 = kNG == 4 && t == 1 ? qr[3] : qr[1];
+    const __half2 h2 = __halves2half2(part(x0), part(x1));
+    if (2 * t < kNG) memcpy(&qgb, &h2, 4);
+  }
 
   // One warp's 32 tokens of each of H tiles (H = 2 with PAIR: two tiles acquired together, their 64
   // tokens sharing one online-softmax step, one weight block per value metadata group and one
@@ -1834,15 +1877,20 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     const auto tile_of = [](int e) { return ONE ? e : e >> 2; };
     // A token's score, qstep sum_kg ksc_kg I_kg + sum_kg klo_kg qg_kg over the key metadata groups
     // (its kNG scales and minima by one vector load each), or -inf where masked.
-    const auto token_score = [&](const Half& hf, const int(&Ik)[kNG], int local) {
-      float ksc[kNG], klo[kNG], sa = 0.0f, sb = 0.0f;
+    // (kLoMma: the lo term comes in as sb_mma)
+    const auto token_score = [&](const Half& hf, const int(&Ik)[kNG], int local, [[maybe_unused]] float sb_mma) {
+      float ksc[kNG], sa = 0.0f, sb = 0.0f;
       const int mo = (local << kgs) * mb;
       load_meta_row<META, kNG>(hf.stage + lay.ksc + mo, ksc);
-      load_meta_row<META, kNG>(hf.stage + lay.klo + mo, klo);
 #pragma unroll
-      for (int kg = 0; kg < kNG; ++kg) {
-        sa = fmaf(ksc[kg], static_cast<float>(Ik[kg]), sa);
-        sb = fmaf(klo[kg], qg[kg], sb);
+      for (int kg = 0; kg < kNG; ++kg) sa = fmaf(ksc[kg], static_cast<float>(Ik[kg]), sa);
+      if constexpr (kLoMma) {
+        sb = sb_mma;
+      } else {
+        float klo[kNG];
+        load_meta_row<META, kNG>(hf.stage + lay.klo + mo, klo);
+#pragma unroll
+        for (int kg = 0; kg < kNG; ++kg) sb = fmaf(klo[kg], qg[kg], sb);
       }
       const float sc = fmaf(sa, qstep_t, sb);
       return (FULL || (local >= hf.lo && local <= hf.hi)) ? sc : -INFINITY;
@@ -1896,11 +1944,23 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
             own[kg] = (mt == 0 || (t >> 1)) ? pick : own[kg];
           }
         } else {
+          float sbm[2] = {0.0f, 0.0f};  // kLoMma: the lo terms of tokens g and g + 8
+          if constexpr (kLoMma) {
+            const unsigned char* lo0 = stage + lay.klo + ((base + 16 * mt + g) << kgs) * mb;
+            unsigned a[4] = {0u, 0u, 0u, 0u};
+            if (2 * t < kNG) {
+              a[0] = *reinterpret_cast<const unsigned*>(lo0 + 4 * t);
+              a[1] = *reinterpret_cast<const unsigned*>(lo0 + (8 << kgs) * mb + 4 * t);
+            }
+            float cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma16816(cl, a, qgb, 0u);
+            sbm[0] = (cl[0] + cl[1]) * lo_scale, sbm[1] = (cl[2] + cl[3]) * lo_scale;
+          }
 #pragma unroll
-          for (int i = 0; i < 2; ++i) s[4 * h + 2 * mt + i] = token_score(hv[h], I[i], base + 16 * mt + 8 * i + g);
+          for (int i = 0; i < 2; ++i) s[4 * h + 2 * mt + i] = token_score(hv[h], I[i], base + 16 * mt + 8 * i + g, sbm[i]);
         }
       }
-      if constexpr (ONE) s[h] = token_score(hv[h], own, token(h));
+      if constexpr (ONE) s[h] = token_score(hv[h], own, token(h), 0.0f);
     }
 
     // online softmax of row t over the 32 H tokens (its 8 lanes: xor 4, 8, 16; ONE: all 32 lanes)
@@ -1958,16 +2018,13 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       const W16 w16 = w16_fast(um);
       vsw = w16.step;
       // W^T column g (row g / 2). Token 8 j + x is held by lane (x, row) as its e = 4 h + j (ONE: by
-      // lane (x, j) as its e = h). With ldmatrix values (tmma_ldsm_values) k = 4 t + j is token
+      // lane (x, j) as its e = h). With the value codes by ldmatrix k = 4 t + j is token
       // 2 t + j % 2 + 8 (j / 2) and k = 16 + 4 t + j that + 16 (rows 2t, 2t + 1 of the first two
-      // matrices, then of the last two); otherwise k = 4 t + j is token 8 j + t and k = 16 + 4 t + j
-      // token 8 j + 4 + t.
-      constexpr bool kLdsm = tmma_ldsm_values<GS, VB>();
+      // matrices, then of the last two).
       const auto src_lane = [&](int j, bool second) {
-        if constexpr (kLdsm) return 4 * (2 * t + j % 2) + (ONE ? (second ? 2 : 0) + j / 2 : g / 2);
-        else return ONE ? (second ? 16 : 0) + 4 * t + j : 4 * ((second ? 4 : 0) + t) + g / 2;
+        return 4 * (2 * t + j % 2) + (ONE ? (second ? 2 : 0) + j / 2 : g / 2);
       };
-      const auto src_reg = [](int j, bool second) { return ONE ? 0 : kLdsm ? (second ? 2 : 0) + j / 2 : j; };
+      const auto src_reg = [](int j, bool second) { return ONE ? 0 : (second ? 2 : 0) + j / 2; };
 #pragma unroll
       for (int h = 0; h < H; ++h)
 #pragma unroll
@@ -1996,7 +2053,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
 
     // values, one byte set (8 bytes of the row: 8 / VB * 8 channels, inside one metadata group) at a time
-    [[maybe_unused]] unsigned vspan[H][4];  // ldmatrix: b16 column g of a 16-byte span, 32 tokens
+    unsigned vspan[H][4];  // ldmatrix: b16 column g of a 16-byte span, 32 tokens
 #pragma unroll
     for (int set = 0; set < kSets; ++set) {
       const int vgrp = tmma_vgroup<GS, VB>(set);
@@ -2005,19 +2062,27 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       unsigned x[H][2];
 #pragma unroll
       for (int h = 0; h < H; ++h) {
-        if constexpr (tmma_ldsm_values<GS, VB>()) {
-          // span set / 2 of the warp's 32 rows (lane l: row base + l), once for sets 2s and 2s + 1;
-          // byte 2g + set % 2 of rows 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 more)
-          if (set % 2 == 0) ldsm_x4_trans(hv[h].stage + lay.vc + (base + lane) * vrow + 16 * (set / 2), vspan[h]);
+        // span set / 2 of the warp's 32 rows (lane l: row base + l), once for sets 2s and 2s + 1;
+        // byte 2g + set % 2 of rows 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 more)
+        if (set % 2 == 0) {
+          ldsm_x4_trans(hv[h].stage + lay.vc + (base + lane) * vrow + 16 * (set / 2), vspan[h]);
+          if constexpr (tmma_swap_values<GS, VB>()) {  // the sets' registers, by tmma_vbyte's trade
+            unsigned y[4];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+              const unsigned even = __byte_perm(vspan[h][2 * u], vspan[h][2 * u + 1], 0x6420);
+              const unsigned odd = __shfl_xor_sync(0xffffffffu, __byte_perm(vspan[h][2 * u], vspan[h][2 * u + 1], 0x7531), 16);
+              y[u] = g < 4 ? even : odd, y[2 + u] = g < 4 ? odd : even;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) vspan[h][u] = y[u];
+          }
+        }
+        if constexpr (tmma_swap_values<GS, VB>()) {
+          x[h][0] = vspan[h][2 * (set % 2)], x[h][1] = vspan[h][2 * (set % 2) + 1];
+        } else {
           const unsigned sel = set % 2 ? 0x7531u : 0x6420u;
           x[h][0] = __byte_perm(vspan[h][0], vspan[h][1], sel), x[h][1] = __byte_perm(vspan[h][2], vspan[h][3], sel);
-        } else {
-          const int wofs = tmma_vbyte<GS, VB>(set, g) & ~3;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const unsigned char* vr = hv[h].stage + lay.vc + (base + 4 * half + t) * vrow + wofs;
-            x[h][half] = gather_bytes4(vr, 8 * vrow, 16 * vrow, 24 * vrow, vsel);
-          }
         }
       }
 #pragma unroll
@@ -2128,11 +2193,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 // as FlashAttention does, so results carry fp16-level rounding (docs/numerics.md).
 constexpr int kMmaMaxGroups = 4;
 
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
