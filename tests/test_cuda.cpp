@@ -728,7 +728,7 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
 // fp16 parts after a power-of-two scale set by the block's max |q| (docs/numerics.md): q from 1e-6
 // to 1e6 of a standard normal must neither lose the term to fp16 subnormals nor overflow it (past
 // 65504 the parts would be infinite). At 1e6 the bound allows almost anything, but not a NaN or an
-// infinity.
+// infinity. (The opt-in fp16 kernel, SKVQ_CUDA_MMA=1, rounds q itself to fp16: not at 1e6.)
 TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
   REQUIRE_GPU();
   for (const auto& [group, kbits] : {std::pair{32, 2}, std::pair{64, 2}, std::pair{32, 4}}) {
@@ -739,6 +739,7 @@ TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
     cpu.append(k.view(), v.view());
     gpu.append(k.view(), v.view());
     for (const float factor : {1e-6f, 1.0f, 1e6f}) {
+      if (factor > 65504.0f / 8 && attention_tolerance() > 1e-5) continue;
       Tensor q = randn({1, 8, 1, 128}, 23, DType::f32);  // 4 rows a KV head
       const auto qv = q.view();
       for (std::int64_t h = 0; h < 8; ++h)

@@ -115,7 +115,7 @@ void release_workspace(Stream stream);
 // Device memory helpers for tests and benchmarks (throw skvq::Error on failure).
 void* device_alloc(std::size_t bytes);
 void device_free(void* p);
-void copy_to_device(void* dst, const void* src, std::size_t bytes);
+void copy_to_device(void* dst, const void* src, std::size_t bytes);  // complete, for every stream, on return
 void copy_to_host(void* dst, const void* src, std::size_t bytes);
 void synchronize();
 
