@@ -700,8 +700,8 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
 // values and groups of 64 or 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks
 // of even and odd tile counts and of fewer than 16 (forced splits), sinks and causal limits inside a
 // pair, windows that are and are not a multiple of the tile; groups of 32 (one tile at a time)
-// beside them. One row a KV head takes the one-row form at group 128 by default and at every group
-// under SKVQ_CUDA_BODY=tmma (scripts/gpu.sh runs the tests both ways).
+// beside them. One row a KV head takes the one-row form at groups of 32 and 128 by default and at
+// every group under SKVQ_CUDA_BODY=tmma (scripts/gpu.sh runs the tests both ways).
 TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   REQUIRE_GPU();
   for (const auto& [window, group] : {std::pair{128, 128}, std::pair{128, 32}, std::pair{256, 64}, std::pair{64, 128}}) {

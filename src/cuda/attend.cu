@@ -2617,17 +2617,20 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // The one-token-per-lane dp4a kernel needs groups of whole lanes (32, 64, 128).
 // SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
 // benchmarks). By default (measured, docs/performance-history.md): one row per KV head
-// (multi-head decode) with 2-bit keys and values at group 128 through
-// attn_tmma_kernel's one-row form; other one or two rows per KV head through
+// (multi-head decode) with 2-bit keys and values at groups of 32 and 128, or 4-bit ones at group
+// 128, through attn_tmma_kernel's one-row form (tmma_one_row); other one or two rows per KV head through
 // attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
 // four (grouped-query decode) through attn_tmma_kernel, more (wider groups,
 // prefill) through attn_imma_kernel, 8 rows a launch.
 enum class Body { fast, imma, tmma, rs };
 // Settings whose single query row a KV head goes through the token-major kernel's one-row form by
-// default. Measured against the one-token-per-lane kernel (docs/performance-history.md, session 25): 7-15%
-// faster with 2-bit keys and values at group 128, tied at group 32, 13-17% slower with 4-bit ones
-// (its 4-bit value gathers cost more than the scalar work it saves); group 64 not measured.
-constexpr bool tmma_one_row(int kb, int vb, int group) { return kb == 2 && vb == 2 && group == 128; }
+// default. Measured against the one-token-per-lane kernel (docs/performance-history.md): 7-15% faster
+// with 2-bit keys and values at group 128 (session 25); since its value codes come by ldmatrix
+// (sessions 29 and 34) 9-16% faster at K2V2 group 32 and 1-8% at K4V4 group 128 (session 34; in
+// session 25 tied and 13-17% slower). Group 64 and the mixed widths not measured.
+constexpr bool tmma_one_row(int kb, int vb, int group) {
+  return (kb == 2 && vb == 2 && (group == 128 || group == 32)) || (kb == 4 && vb == 4 && group == 128);
+}
 int body_override() {  // -1: none
   static const int v = [] {
     const std::string s = env_switch("SKVQ_CUDA_BODY");
