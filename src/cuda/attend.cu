@@ -2949,7 +2949,9 @@ Workspace workspace(std::size_t bytes, std::size_t n_claims, cudaStream_t stream
     b.size = keep_bytes;
     if (keep_claims > 0) {
       SKVQ_CUDA_CHECK(cudaMalloc(&b.claims, keep_claims * sizeof(unsigned)));
-      SKVQ_CUDA_CHECK(cudaMemset(b.claims, 0, keep_claims * sizeof(unsigned)));  // (synchronous: before any use)
+      // on the call's stream: cudaMemset would run on the legacy default stream, asynchronously to the
+      // host and unordered with a non-blocking stream's kernels
+      SKVQ_CUDA_CHECK(cudaMemsetAsync(b.claims, 0, keep_claims * sizeof(unsigned), stream));
       b.n_claims = keep_claims;
     }
   }

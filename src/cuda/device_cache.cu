@@ -178,6 +178,10 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   d.slots = (capacity + config.window - 1) / config.window;
   d.init_side(d.k, config.head_dim, config.bits_key);
   d.init_side(d.v, static_cast<int>(v_head_dim), config.bits_value);
+  // The zero fills (cudaMemset on the legacy default stream) may still be running when this returns;
+  // a flush on a non-blocking stream is not ordered after them and could be overwritten (session 34:
+  // Cuda.StreamsGiveTheDefaultStreamsResults, with fourteen test processes on the GPU). Wait for them.
+  SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   d.grid = config.clip_grid();
 }
 
