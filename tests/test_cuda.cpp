@@ -725,7 +725,7 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
 
 // The token-major kernel with fp16 metadata and 2 or 4 key groups a row takes each token's lo term
 // (sum over groups of the key minimum times q's group sum) from an fp16 MMA, q's sums split into two
-// fp16 parts after a power-of-two scale set by the block's max |q| (docs/numerics.md): q from 1e-6
+// fp16 parts after a power-of-two scale set by each row's max |q| (docs/numerics.md): q from 1e-6
 // to 1e6 of a standard normal must neither lose the term to fp16 subnormals nor overflow it (past
 // 65504 the parts would be infinite). At 1e6 the bound allows almost anything, but not a NaN or an
 // infinity. (The opt-in fp16 kernel, SKVQ_CUDA_MMA=1, rounds q itself to fp16: not at 1e6.)

@@ -2193,7 +2193,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 // as FlashAttention does, so results carry fp16-level rounding (docs/numerics.md).
 constexpr int kMmaMaxGroups = 4;
 
-
 __device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const unsigned*>(&h);

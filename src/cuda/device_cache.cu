@@ -49,8 +49,8 @@ void device_free(void* p) {
 }
 // cudaMemcpy from pageable host memory may return before the DMA from its staging buffer has
 // landed: work on the legacy default stream is ordered after it, work on a non-blocking stream is
-// not. Waiting for the legacy stream makes the bytes visible to every stream on return (a kernel
-// on a non-blocking stream read a piece before its upload completed: session 34, under load).
+// not (the runtime's documented behaviour). Waiting for the legacy stream makes the bytes visible to
+// every stream on return.
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   SKVQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
