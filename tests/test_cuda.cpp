@@ -754,7 +754,7 @@ TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
 }
 
 // Balanced claiming (the token-major kernel, blocks of 8 tiles or more: grouped-query decode and one
-// query row a KV head at K2V2 g128): the blocks of several KV heads
+// query row a KV head at K2V2 g32 and g128 and K4V4 g128): the blocks of several KV heads
 // and batch rows share each head's tiles out through counters that the combine kernel zeroes, so a
 // second call on the same stream must find them at zero again (a counter left over would end its
 // blocks early: results off by whole chunks). Forced split counts give blocks of 8-20 tiles, chunks
