@@ -1761,13 +1761,10 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     }
   }
   __syncthreads();
-  // Row t (C columns 2t, 2t + 1): its qstep, per-k-step sums of q, causal limit.
+  // Row t (C columns 2t, 2t + 1): its qstep and causal limit.
   const int trow = row0 + (ONE ? 0 : t);
   bool tvalid;
   tmma_qrow(p, b, h, trow, tvalid);
-  float qs[4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) qs[ks] = sq_sum[t][ks];
   const float qstep_t = q16_step(sq_max[t]);
   const std::int64_t limit = tvalid ? p.kv_len - p.Sq + trow % p.Sq : -1;
   // Column g of Q^T: row g / 2, its high (g even) or low (g odd) bytes, at the
@@ -1815,10 +1812,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     return static_cast<int>(d < 0 ? -1 : d > (1 << 30) ? (1 << 30) : d);
   };
   const int sink_off = offset(p.sinks), limit_off = offset(limit), span = static_cast<int>(tiles.t_end - tiles.t_begin);
-  // q summed over each key metadata group's channels (the lo term of a score), in k-step order
-  float qg[4];
+  // Row r's q summed over each key metadata group's channels (the lo term of a score), from its
+  // per-k-step sums in k-step order; qg: row t's.
+  const auto group_sums = [&](int r, float(&x)[4]) {
 #pragma unroll
-  for (int ks = 0; ks < 4; ++ks) qg[ks / spg] = ks % spg == 0 ? qs[ks] : qg[ks / spg] + qs[ks];
+    for (int ks = 0; ks < 4; ++ks) x[ks / spg] = ks % spg == 0 ? sq_sum[r][ks] : x[ks / spg] + sq_sum[r][ks];
+  };
+  float qg[4];
+  group_sums(t, qg);
   // With fp16 metadata and several key groups a row, the lo term sum_kg klo_kg qg_kg of two tokens
   // and four rows is one fp16 MMA (m16n8k16): A = the tokens' klo as stored (rows g, g + 8; k = the
   // group), B column n = row r = n / 2's qg 2^-e_r split into two fp16 parts (n even: the nearest
@@ -1835,10 +1836,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     };
     lo_scale = __uint_as_float(static_cast<unsigned>(127 + row_exp(t)) << 23);
     const float inv = __uint_as_float(static_cast<unsigned>(127 - row_exp(g / 2)) << 23);
-    const int r = g / 2;
     float qr[4];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) qr[ks / spg] = ks % spg == 0 ? sq_sum[r][ks] : qr[ks / spg] + sq_sum[r][ks];
+    group_sums(g / 2, qr);
     const auto part = [&](float x) {
       x *= inv;
       const __half hi = __float2half_rn(x);
