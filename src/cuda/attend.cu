@@ -909,7 +909,16 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
   __device__ void issue_next(int stage_index) const {
     const int x = advance();
     if (x >= 0) {
-      if (this->aligned) this->seek(static_cast<std::int64_t>(x) * TILE);
+      // aligned: the tile's slot and row from its index, by a 32-bit division by the tiles a window
+      // (a multiply-high, an add and a shift; seek's is 64-bit). Formed again for every tile rather
+      // than stepped from the last: kept across a tile's work they cost two registers, and the
+      // kernels run at their cap (session 35: stepping them made ptxas spill)
+      if (this->aligned) {
+        static_assert(TILE == kFastTile, "window_tiles divides by the windows of kFastTile tiles");
+        const int s = static_cast<int>(this->p.window_tiles.div(static_cast<unsigned>(x)));
+        this->slot = s;
+        this->row = (x - s * static_cast<int>(this->p.window_tiles.d)) * TILE;
+      }
       this->issue(x, stage_index);
     }
     f0 = f1, f1 = x;
@@ -3032,6 +3041,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     while ((1LL << sh) < p.window) ++sh;
     p.div_shift = 32 + sh;
     p.div_magic = static_cast<unsigned long long>((((__uint128_t)1 << p.div_shift) + p.window - 1) / p.window);
+    if (p.window % kFastTile == 0) p.window_tiles = FastDiv(static_cast<std::uint32_t>(p.window / kFastTile));
   }
   // Packed body through the pipelined kernel when tiles of 64 rows fit the
   // window, the exact sinks and tail in the combine kernel (which starts

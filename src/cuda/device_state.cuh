@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "cuda/fast_div.hpp"
+
 namespace skvq::cuda {
 
 // One side (keys or values) of the device cache.
@@ -35,6 +37,7 @@ struct AttnParams {
   float scale = 1.0f;
   unsigned long long div_magic = 1;  // t / window == (t * div_magic) >> div_shift
   int div_shift = 32;
+  FastDiv window_tiles;  // tiles of kFastTile tokens a window, where the window is a multiple of it
   int splits = 1;              // partials per query row in the workspace
   std::int64_t split_len = 0;  // tokens per split (multiple of 64)
   // Balanced tile claiming (attn_tmma_kernel; docs/performance.md): a KV head's tiles in chunks of
