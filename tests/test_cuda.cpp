@@ -101,10 +101,11 @@ std::vector<Case> cases() {
   };
 }
 
-// The flush kernels' block indices come from FastDiv (multiply-high, add,
-// shift); checked on the host against the division for divisors 1 to 4096,
-// the powers of two and random ones, at dividends near multiples and at the
-// ends of the range (below 2^31). Needs no GPU.
+// The flush kernels' block indices and the token-major kernel's tile slots
+// (a claimed tile's index over the tiles a window) come from FastDiv
+// (multiply-high, add, shift); checked on the host against the division for
+// divisors 1 to 4096, the powers of two and random ones, at dividends near
+// multiples and at the ends of the range (below 2^31). Needs no GPU.
 TEST(Cuda, FastDivMatchesDivision) {
   std::mt19937 rng(5);
   std::vector<std::uint32_t> divisors;
