@@ -702,7 +702,8 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
 // of even and odd tile counts and of fewer than 16 (forced splits), sinks and causal limits inside a
 // pair, windows that are and are not a multiple of the tile; groups of 32 (one tile at a time)
 // beside them. One row a KV head takes the one-row form at groups of 32 and 128 by default and at
-// every group under SKVQ_CUDA_BODY=tmma (scripts/gpu.sh runs the tests both ways).
+// every group under SKVQ_CUDA_BODY=tmma (scripts/gpu.sh runs the tests both ways, and again with
+// SKVQ_CUDA_TMMA_PAIR=1: pairs in blocks of any length).
 TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   REQUIRE_GPU();
   for (const auto& [window, group] : {std::pair{128, 128}, std::pair{128, 32}, std::pair{256, 64}, std::pair{64, 128}}) {

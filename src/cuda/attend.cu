@@ -785,6 +785,16 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
     slot = static_cast<int>((static_cast<unsigned long long>(t) * p.div_magic) >> p.div_shift);
     row = static_cast<int>(t - static_cast<std::int64_t>(slot) * p.window);
   }
+  // aligned, TILE == kFastTile: the next tile is the KV head's tile x (its tokens from x TILE), by a
+  // 32-bit division by the tiles a window (a multiply-high, an add and a shift; seek's is 64-bit).
+  // ClaimedTiles forms it again for every tile rather than stepping it from the last: kept across a
+  // tile's work, slot and row cost two registers, and the kernels run at their cap (session 35:
+  // stepping them made ptxas spill).
+  __device__ void seek_tile(int x) const {
+    static_assert(TILE == kFastTile, "window_tiles divides by the windows of kFastTile tiles");
+    slot = static_cast<int>(p.window_tiles.div(static_cast<unsigned>(x)));
+    row = (x - slot * static_cast<int>(p.window_tiles.d)) * TILE;
+  }
   // rows of the tile that hold tokens of the range
   __device__ int live_rows(int tile) const {
     const std::int64_t left = t_end - first_token(tile);
@@ -909,16 +919,7 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
   __device__ void issue_next(int stage_index) const {
     const int x = advance();
     if (x >= 0) {
-      // aligned: the tile's slot and row from its index, by a 32-bit division by the tiles a window
-      // (a multiply-high, an add and a shift; seek's is 64-bit). Formed again for every tile rather
-      // than stepped from the last: kept across a tile's work they cost two registers, and the
-      // kernels run at their cap (session 35: stepping them made ptxas spill)
-      if (this->aligned) {
-        static_assert(TILE == kFastTile, "window_tiles divides by the windows of kFastTile tiles");
-        const int s = static_cast<int>(this->p.window_tiles.div(static_cast<unsigned>(x)));
-        this->slot = s;
-        this->row = (x - s * static_cast<int>(this->p.window_tiles.d)) * TILE;
-      }
+      if (this->aligned) this->seek_tile(x);  // (tile indices are the head's: t_begin = 0)
       this->issue(x, stage_index);
     }
     f0 = f1, f1 = x;
@@ -2672,12 +2673,22 @@ Body body_kernel(const AttnParams& p) {
 // Hkv=8 32k) and 50 (B=1 Hkv=8 512k) 2-5% faster. p.split_len is 0 while the split count is chosen,
 // so the occupancy it assumes is the fewer of the two kernels' (fast_blocks_per_sm; five blocks an
 // SM each by default).
-// SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks).
+// SKVQ_CUDA_TMMA_PAIR=0 turns it off (tests, benchmarks); =N (N >= 1) takes pairs from blocks of N
+// tiles instead of kPairMinTiles (benchmarks).
 constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
 constexpr std::int64_t kPairMinTiles = 16;
+std::int64_t pair_min_tiles() {  // 0: never
+  static const std::int64_t n = [] {
+    const std::string s = env_switch("SKVQ_CUDA_TMMA_PAIR");
+    if (s.empty()) return kPairMinTiles;
+    const int v = std::atoi(s.c_str());
+    return v <= 0 ? std::int64_t{0} : static_cast<std::int64_t>(v);
+  }();
+  return n;
+}
 bool tmma_pair(const AttnParams& p) {
-  static const bool on = env_switch("SKVQ_CUDA_TMMA_PAIR") != "0";
-  return on && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= kPairMinTiles * kFastTile &&
+  const std::int64_t min_tiles = pair_min_tiles();
+  return min_tiles > 0 && tmma_pairs(p.k.bits, p.v.bits, p.group) && p.split_len >= min_tiles * kFastTile &&
          body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel runs in its one-row form (attn_tmma_kernel's ONE): wherever it
@@ -2840,7 +2851,7 @@ int fast_blocks_per_sm(const AttnParams& p) {
     constexpr int KB = decltype(k)::value, VB = decltype(v)::value;
     blocks = fast_blocks_per_sm<KB, VB>(p);
     AttnParams paired = p;
-    paired.split_len = kPairMinTiles * kFastTile;
+    paired.split_len = std::max<std::int64_t>(pair_min_tiles(), 1) * kFastTile;
     if (tmma_pair(paired)) blocks = std::min(blocks, fast_blocks_per_sm<KB, VB>(paired));
   });
   return blocks;
