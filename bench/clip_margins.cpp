@@ -101,9 +101,9 @@ void real_rows(const std::string& dir, int segments, std::vector<float>& keys, s
       const auto& plain = dynamic_cast<const skvq::PlainCache&>(cache.layer(l));
       for (auto [view, out] : {std::pair{plain.keys(), &keys}, std::pair{plain.values(), &values}}) {
         const std::int64_t rows = view.shape[0] * view.shape[1] * view.shape[2], d = view.shape[3];
+        if (d != 128) throw skvq::Error("clip_margins: lm128's head dim is not 128");
         skvq::Tensor t = skvq::Tensor::copy_of(view, skvq::DType::f32);
         const float* p = reinterpret_cast<const float*>(t.data());
-        if (d != 128) throw skvq::Error("clip_margins: lm128's head dim is not 128");
         out->insert(out->end(), p, p + rows * d);
       }
     }

@@ -19,6 +19,7 @@
 // (attn_tmma_kernel's blocks with 8 tiles or more take their own split's
 // first chunk, then claim chunks of the head's tiles while they run:
 // ClaimedTiles. A partial then covers whatever tiles its block took.)
+#include <algorithm>
 #include <cfloat>
 #include <cstdlib>
 #include <map>
@@ -2678,12 +2679,7 @@ Body body_kernel(const AttnParams& p) {
 constexpr bool tmma_pairs(int kb, int vb, int group) { return kb == 2 && vb == 2 && group >= 64; }
 constexpr std::int64_t kPairMinTiles = 16;
 std::int64_t pair_min_tiles() {  // 0: never
-  static const std::int64_t n = [] {
-    const std::string s = env_switch("SKVQ_CUDA_TMMA_PAIR");
-    if (s.empty()) return kPairMinTiles;
-    const int v = std::atoi(s.c_str());
-    return v <= 0 ? std::int64_t{0} : static_cast<std::int64_t>(v);
-  }();
+  static const std::int64_t n = std::max(env_int("SKVQ_CUDA_TMMA_PAIR", static_cast<int>(kPairMinTiles)), 0);
   return n;
 }
 bool tmma_pair(const AttnParams& p) {
@@ -2851,7 +2847,7 @@ int fast_blocks_per_sm(const AttnParams& p) {
     constexpr int KB = decltype(k)::value, VB = decltype(v)::value;
     blocks = fast_blocks_per_sm<KB, VB>(p);
     AttnParams paired = p;
-    paired.split_len = std::max<std::int64_t>(pair_min_tiles(), 1) * kFastTile;
+    paired.split_len = pair_min_tiles() * kFastTile;  // (0 with pairs off: tmma_pair is false then)
     if (tmma_pair(paired)) blocks = std::min(blocks, fast_blocks_per_sm<KB, VB>(paired));
   });
   return blocks;
@@ -2984,12 +2980,7 @@ Workspace workspace(std::size_t bytes, std::size_t n_claims, cudaStream_t stream
 // side by side: docs/performance.md).
 constexpr int kBalanceMinTiles = 8;
 int balance_chunks() {
-  static const int n = [] {
-    const std::string s = env_switch("SKVQ_CUDA_BALANCE");
-    if (s.empty()) return 8;
-    const int v = std::atoi(s.c_str());
-    return v < 0 ? 0 : std::min(v, 64);
-  }();
+  static const int n = std::clamp(env_int("SKVQ_CUDA_BALANCE", 8), 0, 64);
   return n;
 }
 

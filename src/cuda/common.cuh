@@ -31,6 +31,11 @@ inline std::string env_switch(const char* name) {
   const char* e = std::getenv(name);
   return e != nullptr ? e : "";
 }
+// An integer switch: `fallback` when unset, else its value as std::atoi reads it.
+inline int env_int(const char* name, int fallback) {
+  const std::string s = env_switch(name);
+  return s.empty() ? fallback : std::atoi(s.c_str());
+}
 
 // Raises a kernel's function attribute to at least `value`: the runtime is
 // called only when the value rises above what this process already set, so a
