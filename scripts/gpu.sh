@@ -40,6 +40,7 @@ for m in fast rs imma tmma; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --g
 job tests_tmma_noone env SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$tests" --gtest_filter='Cuda*'
 job tests_nopair env SKVQ_CUDA_TMMA_PAIR=0 "$tests" --gtest_filter='Cuda*'
 job tests_pairall env SKVQ_CUDA_TMMA_PAIR=1 "$tests" --gtest_filter='Cuda*'
+job tests_noshort env SKVQ_CUDA_TMMA_SHORT=0 "$tests" --gtest_filter='Cuda*'
 job tests_nobalance env SKVQ_CUDA_BALANCE=0 "$tests" --gtest_filter='Cuda*'
 job tests_balance64 env SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$tests" --gtest_filter='Cuda*'
 job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
@@ -63,6 +64,7 @@ done
 summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone
 summary "GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)" tests_nopair
 summary "GPU tests, tile pairs in blocks of any length (SKVQ_CUDA_TMMA_PAIR=1)" tests_pairall
+summary "GPU tests, 4-bit codes through the three-stage ring (SKVQ_CUDA_TMMA_SHORT=0)" tests_noshort
 summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance
 summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64
 summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients

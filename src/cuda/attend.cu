@@ -640,7 +640,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2)); }
+// Waits until at most AHEAD - 1 committed groups are still in flight: the oldest tile of a ring
+// whose copies run AHEAD tiles ahead has landed.
+template <int AHEAD = kStages - 1>
+__device__ __forceinline__ void cp_async_wait_stages() { asm volatile("cp.async.wait_group %0;\n" ::"n"(AHEAD - 1)); }
 
 // One warp's share of a copy: 16-byte pieces strided over its 32 lanes.
 __device__ __forceinline__ void copy_range_warp(unsigned char* dst, const unsigned char* src, int bytes) {
@@ -738,10 +741,12 @@ struct WarpCopy {
 // STAGES: the ring's depth (kStages, or one more for a kernel that holds two
 // tiles at once); copies run two tiles ahead either way, so with STAGES = 4 a
 // block may acquire tile + 1 while still reading tile (the refill goes to the
-// stage of tile - 1).
+// stage of tile - 1). STAGES = 2 (ClaimedTiles only): copies one tile ahead,
+// a ring of two stages (attn_tmma_kernel's SHORT: more blocks an SM where the
+// ring's size limits them).
 template <int TILE, int KB, int VB, int META_ROW = 0, int STAGES = kStages>
 struct TileStream {  // META_ROW: metadata bytes a token and side when known at compile time (else 0)
-  static_assert(STAGES == kStages || STAGES == kStages + 1, "copies two tiles ahead");
+  static_assert(STAGES >= 2 && STAGES <= kStages + 1, "two to four stages");
   const AttnParams& p;
   const FastLayout<TILE>& lay;
   unsigned char* ring;
@@ -851,6 +856,7 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
   // Tiles are acquired in order; tile + kStages - 1 goes to the stage of tile + kStages - 1 - STAGES
   // (tile - 1 with the usual depth, tile - 2 with one stage more).
   __device__ const unsigned char* acquire(int tile) const {
+    static_assert(STAGES >= kStages, "acquire copies two tiles ahead");
     cp_async_wait_stages();
     __syncthreads();
     constexpr int kAhead = kStages - 1;
@@ -873,7 +879,7 @@ struct TileStream {  // META_ROW: metadata bytes a token and side when known at 
 // them unchanged. Thread 0 claims a chunk as the block starts on the one
 // before it, keeps the answer in a register and writes it to shared memory at
 // the next acquire, before that acquire's barrier; every thread reads it when
-// the block starts on that chunk, at least one barrier later (C >= 2 = the
+// the block starts on that chunk, at least one barrier later (C >= the
 // copies' lead, so not before the next acquire); the two slots alternate, so
 // a write never meets a read of the previous chunk. next() returns the tiles
 // in order, -1 once there are none.
@@ -881,8 +887,8 @@ __shared__ int g_claimed[2];  // ClaimedTiles: the claimed chunks (two slots, al
 template <int TILE, int KB, int VB, int META_ROW = 0, int STAGES = kStages>
 struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
   using Base = TileStream<TILE, KB, VB, META_ROW, STAGES>;
-  static constexpr int kAhead = kStages - 1;
-  static_assert(kAhead == 2, "a lead of two tiles (the fifo below)");
+  // the copies' lead: two tiles (the fifo below holds both), one with a ring of two stages (f1 alone)
+  static constexpr int kAhead = STAGES == 2 ? 1 : 2;
   // (the chunk size and counts are read from the kernel's parameters where used: no registers)
   mutable int next_tile, left, seq = 0;  // the next tile to issue, tiles left in its chunk, chunks begun
   mutable int f0 = -1, f1 = -1;          // tiles issued and not yet returned, oldest first
@@ -939,10 +945,10 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
       g_claimed[(seq + 1) & 1] = static_cast<int>(min(pending, 1u << 30));
       outstanding = false;
     }
-    cp_async_wait_stages();
+    cp_async_wait_stages<kAhead>();
     __syncthreads();
     const int acq = this->acq;
-    tile = f0;
+    tile = kAhead == 2 ? f0 : f1;
     issue_next(acq + kAhead >= STAGES ? acq + kAhead - STAGES : acq + kAhead);
     cp_async_commit();
     this->acq = acq == STAGES - 1 ? 0 : acq + 1;
@@ -1691,8 +1697,9 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
 }
 
-template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false>
+template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
+  static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
   launch_dependents();  // the combine kernel may start (it waits for this grid's results)
   const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
@@ -1742,7 +1749,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : kStages> tiles(p, lay, ring, bh, split);
+  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : SHORT ? 2 : kStages> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -2693,9 +2700,23 @@ bool tmma_one(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
   return on && p.query_rows() == 1 && body_kernel(p) == Body::tmma;
 }
-// The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles): the
-// launch and the occupancy calculation size it alike.
-int fast_ring_bytes(const AttnParams& p) { return (tmma_pair(p) ? kStages + 1 : kStages) * FastLayout<kFastTile>(p).stage; }
+// Whether the token-major kernel streams its tiles through a ring of two stages, copies one tile
+// ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values, whose three
+// stages of 17 KB (groups of 128) leave four blocks an SM where its registers allow five. Session 37
+// measured it 1-8% faster at every K4V4 g128 shape but one that ties (B=1 Hkv=8 512k), the one-call
+// step of B=1 Hkv=8 128k within its spread (docs/performance-history.md). SKVQ_CUDA_TMMA_SHORT=0
+// turns it off (benchmarks, tests).
+constexpr bool tmma_shorts(int kb, int vb) { return kb == 4 && vb == 4; }
+bool tmma_short(const AttnParams& p) {
+  static const bool on = env_switch("SKVQ_CUDA_TMMA_SHORT") != "0";
+  return on && tmma_shorts(p.k.bits, p.v.bits) && !tmma_pair(p) && body_kernel(p) == Body::tmma;
+}
+// The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles, one
+// less with the short ring): the launch and the occupancy calculation size it alike.
+int fast_ring_bytes(const AttnParams& p) {
+  const int stages = tmma_pair(p) ? kStages + 1 : tmma_short(p) ? 2 : kStages;
+  return stages * FastLayout<kFastTile>(p).stage;
+}
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
@@ -2729,6 +2750,13 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
       auto tm = [&](auto gs, auto pair, auto one) {
         constexpr int GS = decltype(gs)::value;
         constexpr bool PAIR = decltype(pair)::value, ONE = decltype(one)::value;
+        if constexpr (tmma_shorts(KB, VB) && !PAIR) {
+          if (tmma_short(p)) {
+            by_meta(attn_tmma_kernel<KB, VB, 0, GS, PAIR, ONE, true>, attn_tmma_kernel<KB, VB, 1, GS, PAIR, ONE, true>,
+                    attn_tmma_kernel<KB, VB, 2, GS, PAIR, ONE, true>);
+            return;
+          }
+        }
         by_meta(attn_tmma_kernel<KB, VB, 0, GS, PAIR, ONE>, attn_tmma_kernel<KB, VB, 1, GS, PAIR, ONE>,
                 attn_tmma_kernel<KB, VB, 2, GS, PAIR, ONE>);
       };
