@@ -400,7 +400,8 @@ struct OneShape {
 };
 
 // One packed decode step on one shape (for a profiler): --one B Hkv T [SETTING]
-// (SETTING: one of kSettings' names, K2V2g128 when left out)
+// (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
+// 8} and N in {32, 64, 128}: the single-shape modes take settings the tables leave out)
 void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
   const OneShape x(B, Hkv, T, setting);
   const cuda::DeviceCache& c = *x.cache;
@@ -588,10 +589,18 @@ int main(int argc, char** argv) {
       setting = nullptr;
       for (const Setting& s : kSettings)
         if (std::strcmp(argv[5], s.name) == 0) setting = &s;
+      static Setting other{};
+      const auto bits_ok = [](int b) { return b == 1 || b == 2 || b == 4 || b == 8; };
+      int kb = 0, vb = 0, group = 0, used = 0;
+      if (setting == nullptr && std::sscanf(argv[5], "K%dV%dg%d%n", &kb, &vb, &group, &used) == 3 &&
+          argv[5][used] == '\0' && bits_ok(kb) && bits_ok(vb) && (group == 32 || group == 64 || group == 128)) {
+        other = Setting{argv[5], kb, vb, group};
+        setting = &other;
+      }
       if (setting == nullptr) {
         std::fprintf(stderr, "bench_cuda: unknown SETTING '%s' (one of:", argv[5]);
         for (const Setting& s : kSettings) std::fprintf(stderr, " %s", s.name);
-        std::fprintf(stderr, ")\n");
+        std::fprintf(stderr, ", or KaVbgN: a, b in 1, 2, 4, 8; N in 32, 64, 128)\n");
         return 2;
       }
     }

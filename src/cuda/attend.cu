@@ -2701,15 +2701,15 @@ bool tmma_one(const AttnParams& p) {
   return on && p.query_rows() == 1 && body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel streams its tiles through a ring of two stages, copies one tile
-// ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values, whose three
-// stages of 17 KB (groups of 128) leave four blocks an SM where its registers allow five. Session 37
-// measured it 1-8% faster at every K4V4 g128 shape but one that ties (B=1 Hkv=8 512k), the one-call
-// step of B=1 Hkv=8 128k within its spread (docs/performance-history.md). SKVQ_CUDA_TMMA_SHORT=0
-// turns it off (benchmarks, tests).
-constexpr bool tmma_shorts(int kb, int vb) { return kb == 4 && vb == 4; }
+// ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values at groups of 128
+// or 32, whose three stages of 17 or 20 KB leave four or three blocks an SM where its registers
+// allow five. Session 37 measured it 0.5-8% faster back to back at every K4V4 g128 shape and 0-8%
+// at g32 (docs/performance-history.md); at groups of 64, where it spills twice the bytes, 2%
+// faster or slower by shape, so not there. SKVQ_CUDA_TMMA_SHORT=0 turns it off (benchmarks, tests).
+constexpr bool tmma_shorts(int kb, int vb, int group) { return kb == 4 && vb == 4 && group != 64; }
 bool tmma_short(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_SHORT") != "0";
-  return on && tmma_shorts(p.k.bits, p.v.bits) && !tmma_pair(p) && body_kernel(p) == Body::tmma;
+  return on && tmma_shorts(p.k.bits, p.v.bits, p.group) && !tmma_pair(p) && body_kernel(p) == Body::tmma;
 }
 // The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles, one
 // less with the short ring): the launch and the occupancy calculation size it alike.
@@ -2750,7 +2750,7 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
       auto tm = [&](auto gs, auto pair, auto one) {
         constexpr int GS = decltype(gs)::value;
         constexpr bool PAIR = decltype(pair)::value, ONE = decltype(one)::value;
-        if constexpr (tmma_shorts(KB, VB) && !PAIR) {
+        if constexpr (tmma_shorts(KB, VB, GS) && !PAIR) {
           if (tmma_short(p)) {
             by_meta(attn_tmma_kernel<KB, VB, 0, GS, PAIR, ONE, true>, attn_tmma_kernel<KB, VB, 1, GS, PAIR, ONE, true>,
                     attn_tmma_kernel<KB, VB, 2, GS, PAIR, ONE, true>);
