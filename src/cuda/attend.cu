@@ -1697,6 +1697,11 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
 }
 
+// The token-major kernel's ring depth: one stage more for tile pairs (PAIR), two stages with the
+// short ring (SHORT), else kStages. The kernel's TileStream and the launch's shared-memory size
+// (fast_ring_bytes) both take it from here.
+constexpr int tmma_ring_stages(bool pair, bool short_ring) { return pair ? kStages + 1 : short_ring ? 2 : kStages; }
+
 template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
@@ -1749,7 +1754,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, PAIR ? kStages + 1 : SHORT ? 2 : kStages> tiles(p, lay, ring, bh, split);
+  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, tmma_ring_stages(PAIR, SHORT)> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -2714,8 +2719,7 @@ bool tmma_short(const AttnParams& p) {
 // The pipelined kernel's shared-memory ring in bytes (one stage more when it holds two tiles, one
 // less with the short ring): the launch and the occupancy calculation size it alike.
 int fast_ring_bytes(const AttnParams& p) {
-  const int stages = tmma_pair(p) ? kStages + 1 : tmma_short(p) ? 2 : kStages;
-  return stages * FastLayout<kFastTile>(p).stage;
+  return tmma_ring_stages(tmma_pair(p), tmma_short(p)) * FastLayout<kFastTile>(p).stage;
 }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
