@@ -552,8 +552,12 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
         std::fprintf(stderr, "bench_cuda --trace: SKVQ_TRACE_DUMP: cannot write '%s'\n", path.c_str());
         std::exit(1);
       }
-      std::fprintf(f, "kind,sm,block,t0,t1,t2\n");
-      for (const auto& e : r) std::fprintf(f, "%u,%u,%u,%.3f,%.3f,%.3f\n", e.kind, e.sm, e.block, us(e.t0), us(e.t1), us(e.t2));
+      // (tq, tf and tiles: the token-major body's, else 0 and the start)
+      std::fprintf(f, "kind,sm,block,t0,t1,t2,tq,tf,tiles\n");
+      const auto us0 = [&](std::uint64_t t) { return t == 0 ? 0.0 : us(t); };
+      for (const auto& e : r)
+        std::fprintf(f, "%u,%u,%u,%.3f,%.3f,%.3f,%.3f,%.3f,%u\n", e.kind, e.sm, e.block, us(e.t0), us(e.t1), us(e.t2), us0(e.tq),
+                     us0(e.tf), e.tiles);
       std::fclose(f);
     }
     const int sms_used = static_cast<int>(std::count_if(per_sm.begin(), per_sm.end(), [](int n) { return n > 0; }));

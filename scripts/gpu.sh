@@ -43,6 +43,7 @@ job tests_pairall env SKVQ_CUDA_TMMA_PAIR=1 "$tests" --gtest_filter='Cuda*'
 job tests_noshort env SKVQ_CUDA_TMMA_SHORT=0 "$tests" --gtest_filter='Cuda*'
 job tests_nobalance env SKVQ_CUDA_BALANCE=0 "$tests" --gtest_filter='Cuda*'
 job tests_balance64 env SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$tests" --gtest_filter='Cuda*'
+job tests_notail env SKVQ_CUDA_TAIL=0 "$tests" --gtest_filter='Cuda*'
 job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
 job tests_exact env SKVQ_CUDA_FLUSH=exact "$tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
 job tests_nopdl env SKVQ_CUDA_PDL=0 "$tests" --gtest_filter='Cuda*'
@@ -67,6 +68,7 @@ summary "GPU tests, tile pairs in blocks of any length (SKVQ_CUDA_TMMA_PAIR=1)" 
 summary "GPU tests, 4-bit codes through the three-stage ring (SKVQ_CUDA_TMMA_SHORT=0)" tests_noshort
 summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance
 summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64
+summary "GPU tests, no small chunks at the end of a head's tiles (SKVQ_CUDA_TAIL=0)" tests_notail
 summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients
 summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact
 summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl

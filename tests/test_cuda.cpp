@@ -760,7 +760,8 @@ TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
 // and batch rows share each head's tiles out through counters that the combine kernel zeroes, so a
 // second call on the same stream must find them at zero again (a counter left over would end its
 // blocks early: results off by whole chunks). Forced split counts give blocks of 8-20 tiles, chunks
-// of 2 or 3 (SKVQ_CUDA_BALANCE=64 in scripts/gpu.sh: 2), a head's last chunk short, 2- and 4-bit
+// of 2 or 3 (SKVQ_CUDA_BALANCE=64 in scripts/gpu.sh: 2), a head's last chunk short, with chunks of
+// 3 the head's last tiles in chunks of 2 (SKVQ_CUDA_TAIL; =0 in scripts/gpu.sh: none), 2- and 4-bit
 // codes, groups of 32 and 128, and a window that is not a multiple of the tile.
 TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
   REQUIRE_GPU();

@@ -115,8 +115,14 @@ __device__ __forceinline__ std::uint64_t trace_now() {
   return 0;
 #endif
 }
+#ifdef SKVQ_CUDA_TRACE
+constexpr bool kTrace = true;
+#else
+constexpr bool kTrace = false;
+#endif
 __device__ __forceinline__ void trace_block([[maybe_unused]] std::uint32_t kind, [[maybe_unused]] std::uint64_t t0,
-                                           [[maybe_unused]] std::uint64_t t1) {
+                                           [[maybe_unused]] std::uint64_t t1, [[maybe_unused]] std::uint64_t tq = 0,
+                                           [[maybe_unused]] std::uint64_t tf = 0, [[maybe_unused]] unsigned tiles = 0) {
 #ifdef SKVQ_CUDA_TRACE
   if (threadIdx.x != 0) return;
   // a slot per block, no shared counter: an atomic on one counter, taken by hundreds of blocks
@@ -127,7 +133,7 @@ __device__ __forceinline__ void trace_block([[maybe_unused]] std::uint32_t kind,
   asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
   const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   const unsigned i = (kind == trace::kCombine ? trace::kCapacity / 2 : 0u) + block;
-  if (block < trace::kCapacity / 2) g_trace[i] = trace::Record{t0, t1, t2, kind, sm, block, 0};
+  if (block < trace::kCapacity / 2) g_trace[i] = trace::Record{t0, t1, t2, tq, tf, kind, sm, block, tiles};
 #endif
 }
 
@@ -916,8 +922,9 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
         next_tile = -1;
         return -1;
       }
-      next_tile = c * this->p.chunk_tiles;
-      left = min(this->p.chunk_tiles, this->p.head_tiles - next_tile);
+      const bool big = c < this->p.big_chunks;
+      next_tile = big ? c * this->p.chunk_tiles : c * this->p.small_tiles + this->p.small_base;
+      left = min(big ? this->p.chunk_tiles : this->p.small_tiles, this->p.head_tiles - next_tile);
       claim();
     }
     --left;
@@ -2141,13 +2148,21 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     return Half{stage, rel(sink_off), min(rel(limit_off), live - 1), live};
   };
   // (tile indices are the KV head's: ClaimedTiles)
+  const std::uint64_t trace_tq = trace_now();
+  [[maybe_unused]] std::uint64_t trace_tf = 0;
+  [[maybe_unused]] unsigned trace_tiles = 0;
   for (;;) {
     int tile;
     const unsigned char* stage = tiles.next(tile);
     if (tile < 0) break;
+    if constexpr (kTrace) {
+      if (trace_tiles == 0) trace_tf = trace_now();
+      ++trace_tiles;
+    }
     if constexpr (PAIR) {
       int tile1;
       const unsigned char* s1 = tiles.next(tile1);
+      if constexpr (kTrace) trace_tiles += tile1 >= 0 ? 1u : 0u;
       if (tile1 >= 0) {
         if (tile >= full_lo && tile <= full_hi && tile1 >= full_lo && tile1 <= full_hi) {
           const Half hv[2] = {{stage, 0, kFastTile - 1, kFastTile}, {s1, 0, kFastTile - 1, kFastTile}};
@@ -2196,7 +2211,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       }
   __syncthreads();
   store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
-  trace_block(trace::kBody, trace_t0, trace_t1);
+  trace_block(trace::kBody, trace_t0, trace_t1, trace_tq, trace_tf, trace_tiles);
 }
 
 // ---- tensor-core kernel for the packed body ----
@@ -2888,11 +2903,15 @@ int fast_blocks_per_sm(const AttnParams& p) {
 // Splits of the packed body for the pipelined kernel: the cost model of cuda/split_rule.hpp
 // (waves of resident blocks, a fixed cost a block). SKVQ_CUDA_SPLIT_RULE=fill keeps the rule before
 // session 23 (the last wave's fill, less 0.002 a split), for benchmarks.
-int choose_fast_splits(const AttnParams& p, int requested) {
-  if (requested > 0) return requested;
+// Blocks of the pipelined kernel resident at once on the current device.
+std::int64_t fast_slots(const AttnParams& p) {
   int sms = 132, dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  const std::int64_t slots = static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
+  return static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
+}
+int choose_fast_splits(const AttnParams& p, int requested) {
+  if (requested > 0) return requested;
+  const std::int64_t slots = fast_slots(p);
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
   static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
   if (fill_rule) return fill_split_count(heads, p.q_end / kFastTile, slots);
@@ -3015,6 +3034,14 @@ int balance_chunks() {
   static const int n = std::clamp(env_int("SKVQ_CUDA_BALANCE", 8), 0, 64);
   return n;
 }
+// The step's tail in small chunks (session 38): kSmallChunkTiles tiles each (the copies' lead, the
+// least a chunk may hold), over tail_tenths() / 10 of a chunk a block. SKVQ_CUDA_TAIL=N sets N
+// (0: none; tests, benchmarks).
+constexpr int kSmallChunkTiles = 2;
+int tail_tenths() {
+  static const int n = std::clamp(env_int("SKVQ_CUDA_TAIL", 20), 0, 100);
+  return n;
+}
 
 // SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
 // GPUs before compute capability 9.0 (tests of that path, benchmarks).
@@ -3116,6 +3143,20 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
       if ((p.head_tiles + c - 1) / c > p.splits) p.chunk_tiles = c, p.balance = 1;
     }
     p.head_chunks = (p.head_tiles + p.chunk_tiles - 1) / p.chunk_tiles;
+    p.big_chunks = p.head_chunks, p.small_tiles = p.chunk_tiles, p.small_base = 0;
+    // The tail in small chunks: the last tail_tenths() / 10 of a chunk a block (at most what is left
+    // to claim) in chunks of kSmallChunkTiles, so that the blocks still streaming when the big
+    // chunks run out (the slower ones: a block's place on its SM, docs/performance.md) end on a
+    // small chunk instead of a whole one. Only where the blocks are resident together (one wave:
+    // with two, B=32 Hkv=8 32k measured 1.5% slower).
+    const bool one_wave = p.balance && static_cast<std::int64_t>(p.B) * p.Hkv * p.splits <= fast_slots(p);
+    const int tail = one_wave ? std::min(p.head_tiles - p.splits * p.chunk_tiles, p.splits * p.chunk_tiles * tail_tenths() / 10) : 0;
+    if (p.chunk_tiles > kSmallChunkTiles && tail >= kSmallChunkTiles) {
+      const int big = std::max(p.splits, (p.head_tiles - tail) / p.chunk_tiles);
+      p.big_chunks = big, p.small_tiles = kSmallChunkTiles;
+      p.small_base = big * (p.chunk_tiles - kSmallChunkTiles);
+      p.head_chunks = big + (p.head_tiles - big * p.chunk_tiles + kSmallChunkTiles - 1) / kSmallChunkTiles;
+    }
   }
   // (a counter per KV head and body launch: launch_fast_rows moves each launch to its own)
   const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * fast_launches(p) : 0;

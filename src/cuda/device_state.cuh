@@ -47,8 +47,11 @@ struct AttnParams {
   // block its own split's tiles, as the other kernels take them.
   // (balance: chunks to claim exist; tiles and chunks: the head's, ceil(q_end / tile) and
   // ceil(tiles / chunk_tiles), worked out by the host so that a block keeps no register for them)
+  // The head's last tiles go in small chunks (the step's tail): chunks [big_chunks, head_chunks) hold
+  // small_tiles each, chunk c from tile c small_tiles + small_base (big_chunks = head_chunks: none).
   unsigned* claims = nullptr;
   int n_claims = 0, chunk_tiles = 0, balance = 0, head_tiles = 0, head_chunks = 0;
+  int big_chunks = 0, small_tiles = 0, small_base = 0;
   // query rows a KV head serves: its Hq / Hkv query heads times Sq rows each
   __host__ __device__ int query_rows() const { return (Hq / Hkv) * Sq; }
 };

@@ -15,9 +15,12 @@ namespace skvq::cuda::trace {
 // combine's return from its wait on the body), at its end (t2).
 struct Record {
   std::uint64_t t0 = 0, t1 = 0, t2 = 0;
+  // the token-major body (else 0): when its query setup is done and the tile loop begins (tq), when
+  // its first tile has landed (tf), and how many tiles it took
+  std::uint64_t tq = 0, tf = 0;
   std::uint32_t kind = 0, sm = 0;
   std::uint32_t block = 0;  // blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)
-  std::uint32_t pad = 0;
+  std::uint32_t tiles = 0;
 };
 enum Kind : std::uint32_t { kBody = 1, kCombine = 2 };
 constexpr std::uint32_t kCapacity = 1u << 16;
