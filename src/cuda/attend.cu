@@ -3149,9 +3149,11 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     // chunks run out (the slower ones: a block's place on its SM, docs/performance.md) end on a
     // small chunk instead of a whole one. Only where the blocks are resident together (one wave:
     // with two, B=32 Hkv=8 32k measured 1.5% slower).
-    const bool one_wave = p.balance && static_cast<std::int64_t>(p.B) * p.Hkv * p.splits <= fast_slots(p);
+    // (the occupancy lookup only where small chunks could apply: it costs the host a lock)
+    const bool one_wave = p.balance && p.chunk_tiles > kSmallChunkTiles && tail_tenths() > 0 &&
+                          static_cast<std::int64_t>(p.B) * p.Hkv * p.splits <= fast_slots(p);
     const int tail = one_wave ? std::min(p.head_tiles - p.splits * p.chunk_tiles, p.splits * p.chunk_tiles * tail_tenths() / 10) : 0;
-    if (p.chunk_tiles > kSmallChunkTiles && tail >= kSmallChunkTiles) {
+    if (tail >= kSmallChunkTiles) {
       const int big = std::max(p.splits, (p.head_tiles - tail) / p.chunk_tiles);
       p.big_chunks = big, p.small_tiles = kSmallChunkTiles;
       p.small_base = big * (p.chunk_tiles - kSmallChunkTiles);
