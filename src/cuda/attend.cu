@@ -2900,15 +2900,16 @@ int fast_blocks_per_sm(const AttnParams& p) {
   return blocks;
 }
 
-// Splits of the packed body for the pipelined kernel: the cost model of cuda/split_rule.hpp
-// (waves of resident blocks, a fixed cost a block). SKVQ_CUDA_SPLIT_RULE=fill keeps the rule before
-// session 23 (the last wave's fill, less 0.002 a split), for benchmarks.
 // Blocks of the pipelined kernel resident at once on the current device.
 std::int64_t fast_slots(const AttnParams& p) {
   int sms = 132, dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   return static_cast<std::int64_t>(sms) * fast_blocks_per_sm(p);
 }
+
+// Splits of the packed body for the pipelined kernel: the cost model of cuda/split_rule.hpp
+// (waves of resident blocks, a fixed cost a block). SKVQ_CUDA_SPLIT_RULE=fill keeps the rule before
+// session 23 (the last wave's fill, less 0.002 a split), for benchmarks.
 int choose_fast_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   const std::int64_t slots = fast_slots(p);
