@@ -399,7 +399,8 @@ struct OneShape {
   OneShape& operator=(const OneShape&) = delete;
 };
 
-// One packed decode step on one shape (for a profiler): --one B Hkv T [SETTING]
+// One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
+// of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
 // 8} and N in {32, 64, 128}: the single-shape modes take settings the tables leave out)
 void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
@@ -418,6 +419,14 @@ void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
                          }) / 20;
   std::printf("%s B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", setting.name, B, Hkv,
               static_cast<long long>(T), one_ms, many_ms);
+  {  // and per layer of an L-layer graph, as the tables' graph column (caches of their own: cold L2)
+    std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+    const int L = stack_layers(static_cast<double>(c.bytes_read_per_step()));
+    fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
+    CHECK(cudaDeviceSynchronize());  // (the fills ran on the legacy stream; graph_ms's stream does not wait for it)
+    const double g = graph_ms(L, 20, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, 32, 1, 0.088f, out, 0, s); });
+    std::printf("%s B=%d Hkv=%d T=%lld: graph %.4f ms a layer (%d layers)\n", setting.name, B, Hkv, static_cast<long long>(T), g, L);
+  }
   // Host time to enqueue a call, and of its parts' kinds, 200 each (the device runs behind).
   const auto host_us = [](const std::function<void()>& fn) {
     CHECK(cudaDeviceSynchronize());
@@ -485,6 +494,7 @@ void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
   std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
   caches.push_back(std::move(x.cache));
   fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
+  CHECK(cudaDeviceSynchronize());  // (the fills ran on the legacy stream; graph_ms's stream does not wait for it)
   const std::int64_t tiles = caches[0]->q_end() / 128;
   std::printf("%s B=%d Hkv=%d T=%lld, %d layers, %lld tiles a head (request: tiles a split, splits):", setting.name, B, Hkv,
               static_cast<long long>(T), L, static_cast<long long>(tiles));

@@ -47,6 +47,7 @@ job tests_notail env SKVQ_CUDA_TAIL=0 "$tests" --gtest_filter='Cuda*'
 job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
 job tests_exact env SKVQ_CUDA_FLUSH=exact "$tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
 job tests_nopdl env SKVQ_CUDA_PDL=0 "$tests" --gtest_filter='Cuda*'
+job tests_nobodypdl env SKVQ_CUDA_BODY_PDL=0 "$tests" --gtest_filter='Cuda*'
 job tests_mma env SKVQ_CUDA_MMA=1 "$tests" --gtest_filter='Cuda*'
 job memcheck "${sanitize[@]}" memcheck "$tests" --gtest_filter='Cuda*'
 job initcheck "${sanitize[@]}" initcheck "$tests" --gtest_filter='Cuda*'
@@ -72,6 +73,7 @@ summary "GPU tests, no small chunks at the end of a head's tiles (SKVQ_CUDA_TAIL
 summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients
 summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact
 summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl
+summary "GPU tests, the body kernels launched after the stream's earlier work (SKVQ_CUDA_BODY_PDL=0)" tests_nobodypdl
 summary "GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)" tests_mma
 echo "== compute-sanitizer memcheck"
 tail -n 3 "$out/memcheck.txt"

@@ -763,6 +763,8 @@ TEST(Cuda, TokenMajorLoTermAtExtremeQueryScales) {
 // of 2 or 3 (SKVQ_CUDA_BALANCE=64 in scripts/gpu.sh: 2), a head's last chunk short, with chunks of
 // 3 the head's last tiles in chunks of 2 (SKVQ_CUDA_TAIL; =0 in scripts/gpu.sh: none), 2- and 4-bit
 // codes, groups of 32 and 128, and a window that is not a multiple of the tile.
+// 12 query rows a KV head take two launches of the integer tensor-core kernel (8 rows, then 4),
+// whose partials share the workspace.
 TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
   REQUIRE_GPU();
   for (const auto& [window, group, bits] : {std::tuple{128, 128, 2}, std::tuple{128, 32, 2}, std::tuple{64, 128, 4}}) {
@@ -776,7 +778,7 @@ TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
     // 4 query rows a KV head: the token-major kernel; 1 at K2V2 and K4V4 g128: its one-row form (both
     // claim: 38-39 tiles a head, 10-19 a split; at 4 bits through the ring of two stages, a lead of
     // one tile, unless SKVQ_CUDA_TMMA_SHORT=0)
-    for (const std::int64_t G : {4, 1}) {
+    for (const std::int64_t G : {4, 1, 12}) {
       if (G == 1 && group != 128) continue;
       Tensor q = randn({B, G * H, 1, 128}, 33, DType::f32);
       const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});

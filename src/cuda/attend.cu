@@ -138,11 +138,12 @@ __device__ __forceinline__ void trace_block([[maybe_unused]] std::uint32_t kind,
 }
 
 // Programmatic dependent launch (sm_90): the pipelined kernels let the
-// combine kernel start while they run (each block signals at its start, so
-// the combine grid launches once the last wave of the body is resident), and
-// the combine kernel waits for their completion and memory before it reads
-// the workspace. Launched without the attribute (older GPUs, the general
-// kernel's path) the wait returns at once: the stream already ordered them.
+// combine kernel start while they run (each block signals at its start,
+// once its own wait below is over, so the combine grid launches once the
+// last wave of the body is resident), and the combine kernel waits for their
+// completion and memory before it reads the workspace. Launched without the
+// attribute (older GPUs, the general kernel's path) the wait returns at
+// once: the stream already ordered them.
 __device__ __forceinline__ void launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
@@ -152,6 +153,16 @@ __device__ __forceinline__ void wait_prerequisites() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+// The first thing a pipelined kernel's block does. The body launch is itself
+// a programmatic dependent of whatever the stream ran before it (since
+// session 39; SKVQ_CUDA_BODY_PDL=0: not), so its blocks may be resident
+// while that work ends: each waits for it before it reads anything, and
+// only then lets the combine kernel start, whose exact part (the query, the
+// sinks and the tail) is read before the combine's own wait.
+__device__ __forceinline__ void start_body() {
+  wait_prerequisites();
+  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
 }
 
 // The integer forms shared by the dp4a and tensor-core paths (docs/numerics.md):
@@ -965,7 +976,7 @@ struct ClaimedTiles : TileStream<TILE, KB, VB, META_ROW, STAGES> {
 
 template <int KB, int VB, int NQ, int META>
 __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(const AttnParams p, int row0) {
-  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  start_body();
   extern __shared__ __align__(16) unsigned char ring[];
   // Tokens per group per softmax step, a multiple of 4 (value quads): 8 (the
   // group's whole share of a tile) measured 3-10% faster than 4 with one or two
@@ -1063,7 +1074,7 @@ __device__ __forceinline__ T reduce_scatter8(const T (&x)[8], int lane) {
 // Every shuffle runs on all 32 lanes: nothing that precedes one branches.
 template <int KB, int VB, int NQ, int META, int GS>
 __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, int row0) {
-  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  start_body();
   const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
   static_assert(NQ == 1 || NQ == 2, "one or two query rows");
@@ -1320,7 +1331,7 @@ __device__ __forceinline__ void key_slices(const unsigned char* row, int ks, int
 
 template <int KB, int VB, int META, int GS>
 __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams p, int row0) {
-  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  start_body();
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB, HV = VB / 2;  // value codes per byte; byte sets per value group
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
@@ -1712,7 +1723,7 @@ constexpr int tmma_ring_stages(bool pair, bool short_ring) { return pair ? kStag
 template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
-  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  start_body();
   const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
   constexpr int PV = 8 / VB;
@@ -2255,7 +2266,7 @@ struct PairMap {  // pair p of a row: two channels of one 32-bit word
 
 template <int KB, int VB, int META>
 __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, int row0) {
-  launch_dependents();  // the combine kernel may start (it waits for this grid's results)
+  start_body();
   extern __shared__ __align__(16) unsigned char ring[];
   const FastLayout<kMmaTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -2466,6 +2477,30 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
+bool dependent_launch_supported();
+// SKVQ_CUDA_BODY_PDL=0: the body kernels launched after the stream's earlier work has ended, as
+// before session 39 (benchmarks, tests); SKVQ_CUDA_PDL=0 turns it off too.
+bool body_dependent_launch() {
+  static const bool off = env_switch("SKVQ_CUDA_BODY_PDL") == "0";
+  return !off && dependent_launch_supported();
+}
+// Launches a pipelined body kernel, a programmatic dependent of the stream's previous work where
+// the device allows (start_body).
+template <typename K>
+void launch_body(K kernel, dim3 grid, int smem, cudaStream_t stream, const AttnParams& p, int row) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = body_dependent_launch() ? 1 : 0;
+  SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, row));
+}
+
 template <int KB, int VB>
 void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = p.query_rows();
@@ -2474,8 +2509,7 @@ void launch_mma_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   for (int row = 0; row < n_rows; row += 8) {
     auto go = [&](auto kernel) {
       allow_smem(kernel, smem);
-      kernel<<<grid, kThreads, smem, stream>>>(p, row);
-      SKVQ_CUDA_LAUNCH_CHECK();
+      launch_body(kernel, grid, smem, stream, p, row);
     };
     if (p.meta == 0) go(attn_mma_kernel<KB, VB, 0>);
     else if (p.meta == 1) go(attn_mma_kernel<KB, VB, 1>);
@@ -2836,8 +2870,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
     const int nq = fast_rows_per_launch(p, n_rows - row);
     with_fast_kernel<KB, VB>(p, nq, [&](auto kernel) {
       allow_smem(kernel, smem);
-      kernel<<<grid, kThreads, smem, stream>>>(lp, row);
-      SKVQ_CUDA_LAUNCH_CHECK();
+      launch_body(kernel, grid, smem, stream, lp, row);
     });
     row += nq;
     if (lp.claims != nullptr) lp.claims += static_cast<std::int64_t>(p.B) * p.Hkv;
@@ -3171,7 +3204,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   if (p.balance) {
     p.claims = w.buf->claims;
     p.n_claims = static_cast<int>(n_claims);
-    if (w.buf->dirty) SKVQ_CUDA_CHECK(cudaMemsetAsync(p.claims, 0, static_cast<std::size_t>(n_claims) * sizeof(unsigned), stream));
+    // (all of them: the call that left them dirty may have used more than this one)
+    if (w.buf->dirty) SKVQ_CUDA_CHECK(cudaMemsetAsync(p.claims, 0, w.buf->n_claims * sizeof(unsigned), stream));
     w.buf->dirty = true;  // until the combine kernel (which zeroes them again) is enqueued
   }
   if (dense) {
