@@ -28,6 +28,7 @@
 #include <thread>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cuda/common.cuh"
@@ -2484,21 +2485,28 @@ bool body_dependent_launch() {
   static const bool off = env_switch("SKVQ_CUDA_BODY_PDL") == "0";
   return !off && dependent_launch_supported();
 }
-// Launches a pipelined body kernel, a programmatic dependent of the stream's previous work where
-// the device allows (start_body).
-template <typename K>
-void launch_body(K kernel, dim3 grid, int smem, cudaStream_t stream, const AttnParams& p, int row) {
+// Launches kernel on `stream`; with `dependent`, as a programmatic dependent of the stream's
+// previous kernel (compute capability 9.0), which the kernel must wait for itself
+// (griddepcontrol.wait) before it reads what that kernel wrote.
+template <typename... P, typename... A>
+void launch_on(void (*kernel)(P...), dim3 grid, dim3 block, int smem, cudaStream_t stream, bool dependent, A&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = block;
   cfg.dynamicSmemBytes = static_cast<std::size_t>(smem);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = body_dependent_launch() ? 1 : 0;
-  SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p, row));
+  cfg.numAttrs = dependent ? 1 : 0;
+  SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...));
+}
+// Launches a pipelined body kernel, a programmatic dependent of the stream's previous work where
+// the device allows (start_body).
+template <typename K>
+void launch_body(K kernel, dim3 grid, int smem, cudaStream_t stream, const AttnParams& p, int row) {
+  launch_on(kernel, grid, dim3(kThreads), smem, stream, body_dependent_launch(), p, row);
 }
 
 template <int KB, int VB>
@@ -3223,17 +3231,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   const auto combine = fast ? (few ? combine_kernel<true, kCombineFewSplits> : combine_kernel<true, kCombineManyLoads>)
                             : (few ? combine_kernel<false, kCombineFewSplits> : combine_kernel<false, kCombineManyLoads>);
   allow_smem(combine, combine_smem);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(rows));
-  cfg.blockDim = dim3(kD);
-  cfg.dynamicSmemBytes = static_cast<std::size_t>(combine_smem);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = fast && dependent_launch_supported() ? 1 : 0;
-  SKVQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, combine, static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out));
+  launch_on(combine, dim3(static_cast<unsigned>(rows)), dim3(kD), combine_smem, stream, fast && dependent_launch_supported(),
+            static_cast<const AttnParams>(p), dense ? nullptr : static_cast<const int*>(p.v.perm), out);
   if (p.balance) w.buf->dirty = false;
 }
 
