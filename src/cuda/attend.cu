@@ -2639,7 +2639,9 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
   const int hq = static_cast<int>((qrow / p.Sq) % p.Hq), h = hq / (p.Hq / p.Hkv);
   const int j = threadIdx.x;
   const std::uint64_t trace_t0 = trace_now();
-  const int dst = vperm_all ? vperm_all[h * kD + j] : j;
+  // (masked: a permutation read before the cache's first flush has written it, by a call not ordered
+  // after the append, must not send the store outside the row; a valid one is unchanged)
+  const int dst = vperm_all ? vperm_all[h * kD + j] & (kD - 1) : j;
   float Me = -INFINITY, Le = 0.0f, Ae = 0.0f;  // the exact tokens' part (none without EXACT)
   if constexpr (EXACT) {
     __shared__ float ex_m[kD / 32], ex_l[kD / 32], ex_acc[kD / 32][kD];
