@@ -125,13 +125,16 @@ double graph_ms(int layers, int reps, const std::function<void(int, cudaStream_t
 }
 
 // The packed caches of a graph_ms step: `caches` (its first, when given,
-// filled) grown to `layers`, each filled from the same keys and values.
+// filled) grown to `layers`, each filled from the same keys and values. The
+// fills run on the legacy stream, which graph_ms's non-blocking stream does
+// not wait for: the device is synchronized before the caches are handed on.
 void fill_layers(std::vector<std::unique_ptr<cuda::DeviceCache>>& caches, int layers, const Config& cfg, int B, int Hkv,
                  std::int64_t T, const __half* k, const __half* v) {
   while (static_cast<int>(caches.size()) < layers) {
     caches.push_back(std::make_unique<cuda::DeviceCache>(cfg, B, Hkv, 128, T));
     caches.back()->append_device(k, v, T);
   }
+  CHECK(cudaDeviceSynchronize());
 }
 
 // Layers of a graph_ms step: enough that their bytes together reach 256 MB, at most 64.
@@ -423,7 +426,6 @@ void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
     std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
     const int L = stack_layers(static_cast<double>(c.bytes_read_per_step()));
     fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
-    CHECK(cudaDeviceSynchronize());  // (the fills ran on the legacy stream; graph_ms's stream does not wait for it)
     const double g = graph_ms(L, 20, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, 32, 1, 0.088f, out, 0, s); });
     std::printf("%s B=%d Hkv=%d T=%lld: graph %.4f ms a layer (%d layers)\n", setting.name, B, Hkv, static_cast<long long>(T), g, L);
   }
@@ -494,7 +496,6 @@ void splits(int B, int Hkv, std::int64_t T, const Setting& setting) {
   std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
   caches.push_back(std::move(x.cache));
   fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
-  CHECK(cudaDeviceSynchronize());  // (the fills ran on the legacy stream; graph_ms's stream does not wait for it)
   const std::int64_t tiles = caches[0]->q_end() / 128;
   std::printf("%s B=%d Hkv=%d T=%lld, %d layers, %lld tiles a head (request: tiles a split, splits):", setting.name, B, Hkv,
               static_cast<long long>(T), L, static_cast<long long>(tiles));
