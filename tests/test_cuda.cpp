@@ -25,6 +25,7 @@
 #include "cuda/selfcheck.hpp"
 #include "ref/attention.hpp"
 #include "ref/meta.hpp"
+#include "skvq/cache_file.hpp"
 #include "skvq/cuda.hpp"
 #include "test_util.hpp"
 
@@ -864,6 +865,91 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
   } else {
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 2, 2, MetaType::fp16), 1, 1, 128, 100), Error);
   }
+}
+
+// A CPU cache uploaded into a device cache is the same cache: its state downloads unchanged, its
+// attention matches the CPU reference, and both caches stay equal through further appends (the
+// uploaded permutations reorder the windows flushed on the GPU). Across the cases: several windows
+// and a partial tail, a tail alone, sinks and none, every metadata mode, reorder off.
+TEST(Cuda, HostCacheUploadIsTheSameCache) {
+  REQUIRE_GPU();
+  std::uint32_t seed = 700;
+  for (const Case& c : cases()) {
+    const std::int64_t more = 2 * c.cfg.window + 3, total = c.S + more;
+    Tensor k = randn({c.B, c.H, total, 128}, seed++, DType::f16, true), v = randn({c.B, c.H, total, 128}, seed++, DType::f16);
+    for (std::int64_t upto : {std::min<std::int64_t>(c.cfg.window - 1, c.S), c.S}) {
+      const std::string what = "window " + std::to_string(c.cfg.window) + " group " + std::to_string(c.cfg.group_size) +
+                               " uploaded at " + std::to_string(upto);
+      SkvqCache cpu(c.cfg);
+      cpu.append(k.view().slice_tokens(0, upto), v.view().slice_tokens(0, upto));
+      cuda::DeviceCache gpu(cpu, total);
+      EXPECT_EQ(gpu.offset(), cpu.offset()) << what;
+      EXPECT_EQ(gpu.q_end(), cpu.q_end()) << what;
+      ASSERT_TRUE(gpu.to_host().same_state(cpu)) << what;
+      Tensor q = randn({c.B, c.H * 4, 1, 128}, seed++, DType::f32);
+      const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+      const Tensor got = gpu.attend(q.view(), 0.1f);
+      expect_close(cpu, q.view(), k.view().slice_tokens(0, upto), v.view().slice_tokens(0, upto), 0.1f, got.view(), want.view(),
+                   what);
+      for (std::int64_t t = upto; t < total;) {  // a partial window, then whole ones
+        const std::int64_t n = std::min<std::int64_t>(total - t, t == upto ? 5 : c.cfg.window);
+        cpu.append(k.view().slice_tokens(t, n), v.view().slice_tokens(t, n));
+        gpu.append(k.view().slice_tokens(t, n), v.view().slice_tokens(t, n));
+        t += n;
+        ASSERT_TRUE(gpu.to_host().same_state(cpu)) << what << ", then " << t << " tokens";
+      }
+    }
+  }
+}
+
+// A cache whose exact rows are fp32 uploads them as fp16, as append() converts its input: from
+// values fp16 holds exactly, the device cache equals one filled with the fp16 rows; its dense view
+// is dropped; and what the upload refuses (an empty cache, a capacity below the offset, a
+// configuration the GPU does not support, an exact value past fp16's range) is an error naming it.
+TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
+  if (!cuda::available()) {
+    SkvqCache cpu(gpu_config(16, 2, 128, 2, 2, MetaType::fp16));
+    cpu.append(randn({1, 1, 4, 128}, 1).view(), randn({1, 1, 4, 128}, 2).view());
+    EXPECT_THROW(cuda::DeviceCache(cpu, 16), Error);
+    return;
+  }
+  const Config cfg = gpu_config(32, 3, 32, 2, 2, MetaType::fp32);
+  const Tensor k16 = randn({2, 2, 77, 128}, 11, DType::f16, true), v16 = randn({2, 2, 77, 128}, 12, DType::f16);
+  const Tensor k32 = Tensor::copy_of(k16.view(), DType::f32), v32 = Tensor::copy_of(v16.view(), DType::f32);
+  SkvqCache from16(cfg), from32(cfg);
+  Config dense_cfg = cfg;
+  dense_cfg.dense_view = true;
+  SkvqCache dense(dense_cfg);
+  from16.append(k16.view(), v16.view());
+  from32.append(k32.view(), v32.view());
+  dense.append(k16.view(), v16.view());
+  EXPECT_TRUE(cuda::DeviceCache(from32, 100).to_host().same_state(from16));
+  EXPECT_TRUE(cuda::DeviceCache(dense, 100).to_host().same_state(from16));
+  // a layer of a saved and loaded prompt cache
+  PromptCache saved = PromptCache::build(ModelDesc::uniform(2, 128), CacheKind::skvq, cfg);
+  saved.layer(1).append(k16.view(), v16.view());
+  const PromptCache loaded = load_prompt_cache_bytes(prompt_cache_bytes(saved));
+  const auto& layer = dynamic_cast<const SkvqCache&>(loaded.layer(1));
+  EXPECT_TRUE(cuda::DeviceCache(layer, 100).to_host().same_state(from16));
+
+  expect_error([&] { cuda::DeviceCache d(SkvqCache(cfg), 100); }, {"empty", "offset=0"});
+  expect_error([&] { cuda::DeviceCache d(from16, 76); }, {"capacity=76", "offset=77"});
+  Config c64 = cfg;
+  c64.head_dim = 64;
+  SkvqCache narrow(c64);
+  narrow.append(randn({1, 1, 40, 64}, 13).view(), randn({1, 1, 40, 64}, 14).view());
+  expect_error([&] { cuda::DeviceCache d(narrow, 100); }, {"head_dim=64"});
+  // fp32 metadata quantizes values past fp16's range; in the exact tail they cannot go to the GPU
+  Tensor big = Tensor::copy_of(v32.view().slice_tokens(0, 70), DType::f32);
+  big.view().set(1, 0, 66, 9, 1e6f);  // token 66: in the tail (q_end 64)
+  SkvqCache wide(cfg);
+  wide.append(k32.view().slice_tokens(0, 70), big.view());
+  expect_error([&] { cuda::DeviceCache d(wide, 100); }, {"value tail[1, 0, 2, 9]", "1e+06", "fp16", "tail row 0 is token 64"});
+  big.view().set(1, 0, 66, 9, 0.5f);
+  big.view().set(1, 1, 40, 3, -2e5f);  // token 40: flushed (quantized with fp32 metadata), so it uploads
+  SkvqCache flushed(cfg);
+  flushed.append(k32.view().slice_tokens(0, 70), big.view());
+  EXPECT_EQ(cuda::DeviceCache(flushed, 100).offset(), 70);
 }
 
 #ifdef SKVQ_TEST_CUDA_RUNTIME

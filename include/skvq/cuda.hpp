@@ -47,6 +47,16 @@ class DeviceCache {
   // capacity: tokens the cache can hold (memory is reserved up front).
   DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
               std::int64_t capacity);
+  // Uploads a CPU cache (a prompt computed on the CPU, a cache file loaded by load_prompt_cache) into
+  // a new device cache of `capacity` tokens, with the host cache's config (its dense view dropped):
+  // the same packed codes, metadata, permutations, counters and byte accounting, so that attention
+  // and later appends go on as on the CPU (to_host() gives the host cache back). The exact rows (the
+  // sinks and the live tail) are held in fp16, as append() converts its input: from an fp32 or bf16
+  // cache they are rounded, and the windows flushed after the upload are quantized from the rounded
+  // rows. Errors, with nothing allocated: an empty host cache (its batch and heads are not fixed
+  // yet), capacity below its offset, a configuration the GPU does not support (as above), an exact
+  // value beyond fp16's range (named by side, position and value).
+  DeviceCache(const SkvqCache& host, std::int64_t capacity);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;

@@ -64,7 +64,6 @@ struct DeviceCacheImpl {
   Config cfg;
   std::int64_t B = 0, H = 0, Dv = 0, capacity = 0, slots = 0;
   std::int64_t offset = 0, q_end = 0, tokens_seen = 0, fp16_k = 0, fp16_v = 0;
-  bool perms_ready = false;
   DevSide k, v;
   std::vector<float> grid;  // the clip factors
   std::vector<void*> allocations;
@@ -183,6 +182,124 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   // Cuda.StreamsGiveTheDefaultStreamsResults, with fourteen test processes on the GPU). Wait for them.
   SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   d.grid = config.clip_grid();
+}
+
+namespace {
+
+// The host cache's state, checked for an upload of `capacity` tokens before anything is allocated.
+const detail::SkvqState& upload_state(const SkvqCache& host, std::int64_t capacity) {
+  const detail::SkvqState& st = host.state();
+  const std::string what = "skvq: cuda::DeviceCache from a host cache: ";
+  if (!st.initialized || st.offset == 0) {
+    throw Error(what + "the host cache is empty (offset=0), so its batch and heads are not fixed yet; construct the "
+                       "device cache from its config instead");
+  }
+  if (capacity < st.offset) {
+    throw Error(what + "capacity=" + std::to_string(capacity) + " is below the host cache's offset=" + std::to_string(st.offset));
+  }
+  return st;
+}
+
+// Rows [0, n) of every (b, h) of exact rows held as [B, H, rows, D] in the host cache's dtype, as
+// fp16 in the same layout (rows past n zero), after append()'s range check (`name` and `where` in its
+// message).
+std::vector<std::uint16_t> exact_rows_f16(const detail::SkvqState& st, const std::vector<std::byte>& bytes, std::int64_t rows,
+                                          std::int64_t n, std::int64_t D, const char* name, const std::string& where,
+                                          float limit, const std::string& why) {
+  const std::int64_t B = st.batch, H = st.heads;
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(B * H * rows * D), 0);
+  if (n == 0) return out;
+  if (bytes.size() < static_cast<std::size_t>(B * H * rows * D * st.esize())) {
+    throw Error(std::string("skvq: cuda::DeviceCache from a host cache: its ") + name + " hold " +
+                std::to_string(bytes.size()) + " bytes, fewer than its shape needs");
+  }
+  const TensorView src{const_cast<std::byte*>(bytes.data()), st.dtype, {B, H, n, D}, {H * rows * D, rows * D, D, 1}};
+  try {
+    detail::check_values(src, name, limit, why);
+  } catch (const Error& e) {
+    throw Error(std::string("skvq: cuda::DeviceCache from a host cache: ") + e.what() + where);
+  }
+  const Tensor f16 = Tensor::copy_of(src, DType::f16);
+  const auto* h = reinterpret_cast<const std::uint16_t*>(f16.data());
+  for (std::int64_t bh = 0; bh < B * H; ++bh) std::copy_n(h + bh * n * D, n * D, out.data() + bh * rows * D);
+  return out;
+}
+
+}  // namespace
+
+DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
+    : DeviceCache(host.config(), upload_state(host, capacity).batch, host.state().heads, host.state().v.head_dim, capacity) {
+  // (an exception from here on destroys the cache constructed above: its device memory is freed)
+  DeviceCacheImpl& d = *impl_;
+  const detail::SkvqState& st = host.state();
+  const std::int64_t r = d.cfg.window, BH = d.B * d.H, live = st.offset - st.q_end, sinks = st.sinks_held();
+  // The exact rows in fp16 first: the one step that can refuse the upload.
+  std::string why;
+  float limit = detail::value_limit(d.cfg.metadata, &why);
+  if (limit > ref::kMaxF16) limit = ref::kMaxF16, why = "the range of fp16 (the device cache holds fp16 keys and values)";
+  std::vector<std::uint16_t> exact[2][2];  // [keys, values][sinks, tail]
+  for (int side = 0; side < 2; ++side) {
+    const detail::Side& s = side == 0 ? st.k : st.v;
+    const char* names[2][2] = {{"key sinks", "key tail"}, {"value sinks", "value tail"}};
+    exact[side][0] = exact_rows_f16(st, s.sinks, sinks, sinks, s.head_dim, names[side][0], "", limit, why);
+    exact[side][1] = exact_rows_f16(st, s.tail, r, live, s.head_dim, names[side][1],
+                                    "; tail row 0 is token " + std::to_string(st.q_end), limit, why);
+  }
+  const int mb = meta_bytes(d.cfg.metadata);
+  const std::int64_t n_chunks = st.q_end / r;
+  for (int side = 0; side < 2; ++side) {
+    const detail::Side& s = side == 0 ? st.k : st.v;
+    const DevSide& ds = side == 0 ? d.k : d.v;
+    const std::int64_t mrow = ds.G * mb;
+    if (static_cast<std::int64_t>(s.chunks.size()) != n_chunks) {
+      throw Error("skvq: cuda::DeviceCache from a host cache: it holds " + std::to_string(s.chunks.size()) +
+                  " packed chunks where its flush frontier q_end=" + std::to_string(st.q_end) + " needs " +
+                  std::to_string(n_chunks));
+    }
+    // The chunks into their slots, through host buffers of up to 64 MiB of codes at a time
+    // (chunk 0's sink rows stay zero: the kernels mask them, to_host skips them).
+    const std::int64_t batch = std::clamp<std::int64_t>((std::int64_t{64} << 20) / std::max<std::int64_t>(ds.slot_codes, 1), 1,
+                                                        std::max<std::int64_t>(n_chunks, 1));
+    std::vector<unsigned char> codes, lo, sc;
+    for (std::int64_t c0 = 0; c0 < n_chunks; c0 += batch) {
+      const std::int64_t nc = std::min(batch, n_chunks - c0);
+      codes.assign(static_cast<std::size_t>(nc * ds.slot_codes), 0);
+      lo.assign(static_cast<std::size_t>(nc * ds.slot_meta), 0);
+      sc.assign(lo.size(), 0);
+      for (std::int64_t i = 0; i < nc; ++i) {
+        const detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(c0 + i)];
+        const std::int64_t first = st.first_row(static_cast<std::size_t>(c0 + i)), n = r - first;
+        if (ch.n_rows != n || static_cast<std::int64_t>(ch.codes.size()) != BH * n * ds.row_bytes ||
+            static_cast<std::int64_t>(ch.lo.size()) != BH * n * mrow || static_cast<std::int64_t>(ch.scale.size()) != BH * n * mrow) {
+          throw Error("skvq: cuda::DeviceCache from a host cache: its packed chunk " + std::to_string(c0 + i) +
+                      " does not have the size of " + std::to_string(n) + " rows a head");
+        }
+        for (std::int64_t bh = 0; bh < BH; ++bh) {
+          const std::int64_t row0 = (i * BH + bh) * r + first;
+          std::copy_n(ch.codes.data() + bh * n * ds.row_bytes, n * ds.row_bytes, codes.data() + row0 * ds.row_bytes);
+          std::copy_n(ch.lo.data() + bh * n * mrow, n * mrow, lo.data() + row0 * mrow);
+          std::copy_n(ch.scale.data() + bh * n * mrow, n * mrow, sc.data() + row0 * mrow);
+        }
+      }
+      copy_to_device(ds.codes + c0 * ds.slot_codes, codes.data(), codes.size());
+      copy_to_device(ds.lo + c0 * ds.slot_meta, lo.data(), lo.size());
+      copy_to_device(ds.scale + c0 * ds.slot_meta, sc.data(), sc.size());
+    }
+    if (sinks > 0) copy_to_device(ds.sinks, exact[side][0].data(), exact[side][0].size() * 2);
+    copy_to_device(ds.tail, exact[side][1].data(), exact[side][1].size() * 2);
+    if (ds.perm && st.q_end > 0) {
+      if (static_cast<std::int64_t>(s.perm.size()) != d.H * ds.D) {
+        throw Error("skvq: cuda::DeviceCache from a host cache: it holds " + std::to_string(s.perm.size()) +
+                    " permutation entries where H * D = " + std::to_string(d.H * ds.D));
+      }
+      copy_to_device(ds.perm, s.perm.data(), s.perm.size() * 4);
+    }
+  }
+  d.offset = st.offset;
+  d.q_end = st.q_end;
+  d.tokens_seen = st.tokens_seen;
+  d.fp16_k = st.fp16_key_bytes;
+  d.fp16_v = st.fp16_value_bytes;
 }
 
 DeviceCache::~DeviceCache() = default;

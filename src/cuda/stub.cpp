@@ -15,6 +15,7 @@ struct DeviceCacheImpl {};
 bool available() { return false; }
 std::string device_description() { return "built without CUDA"; }
 DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
+DeviceCache::DeviceCache(const SkvqCache&, std::int64_t) { no_cuda(); }
 DeviceCache::~DeviceCache() = default;
 void DeviceCache::append_device(const void*, const void*, std::int64_t, Stream) { no_cuda(); }
 void DeviceCache::append(const TensorView&, const TensorView&) { no_cuda(); }
