@@ -952,6 +952,36 @@ TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
   EXPECT_EQ(cuda::DeviceCache(flushed, 100).offset(), 70);
 }
 
+// Caches move (a model's layers in a vector): the moved-to cache is the same cache, growing the
+// vector keeps every layer's state, and a moved-from one refuses calls with an error.
+TEST(Cuda, MovedCachesKeepTheirState) {
+  REQUIRE_GPU();
+  const Config cfg = gpu_config(32, 3, 128, 2, 2, MetaType::fp16);
+  std::vector<cuda::DeviceCache> layers;
+  std::vector<SkvqCache> cpu;
+  std::vector<Tensor> ks, vs;
+  for (int l = 0; l < 5; ++l) {  // five pushes: the vector reallocates, moving the caches
+    ks.push_back(randn({1, 2, 70 + l, 128}, 900 + 2 * l, DType::f16, true));
+    vs.push_back(randn({1, 2, 70 + l, 128}, 901 + 2 * l));
+    cpu.emplace_back(cfg);
+    cpu.back().append(ks.back().view(), vs.back().view());
+    cuda::DeviceCache d(cfg, 1, 2, 128, 100);
+    d.append(ks.back().view(), vs.back().view());
+    layers.push_back(std::move(d));
+    expect_error([&] { (void)d.offset(); }, {"moved from"});
+  }
+  for (int l = 0; l < 5; ++l) {
+    ASSERT_TRUE(layers[l].to_host().same_state(cpu[l])) << "layer " << l;
+    Tensor q = randn({1, 8, 1, 128}, 950 + l, DType::f32);
+    const Tensor want = attend(cpu[l], q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+    expect_close(cpu[l], q.view(), ks[l].view(), vs[l].view(), 0.1f, layers[l].attend(q.view(), 0.1f).view(), want.view(),
+                 "layer " + std::to_string(l));
+  }
+  layers[0] = std::move(layers[4]);  // frees layer 0's memory, takes layer 4's
+  ASSERT_TRUE(layers[0].to_host().same_state(cpu[4]));
+  expect_error([&] { layers[4].attend(randn({1, 8, 1, 128}, 1, DType::f32).view(), 0.1f); }, {"moved from"});
+}
+
 #ifdef SKVQ_TEST_CUDA_RUNTIME
 // ---- streams and graphs (tests that call the CUDA runtime themselves) ----
 

@@ -60,6 +60,11 @@ class DeviceCache {
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;
+  // Movable (a model's layers in a std::vector): the device memory changes hands, nothing is copied.
+  // A moved-from cache can only be destroyed or assigned to; any other call on it is an error.
+  // Assigning over a cache frees its memory (waiting for the device, as the destructor does).
+  DeviceCache(DeviceCache&&) noexcept;
+  DeviceCache& operator=(DeviceCache&&) noexcept;
 
   // Appends S tokens from device memory: keys [B, H, S, D], values
   // [B, H, S, Dv], fp16, contiguous. Whole windows are flushed on the GPU in
@@ -104,6 +109,7 @@ class DeviceCache {
   SkvqCache to_host() const;
 
  private:
+  DeviceCacheImpl& impl() const;  // throws where the cache was moved from
   std::unique_ptr<DeviceCacheImpl> impl_;
 };
 

@@ -230,7 +230,7 @@ std::vector<std::uint16_t> exact_rows_f16(const detail::SkvqState& st, const std
 DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
     : DeviceCache(host.config(), upload_state(host, capacity).batch, host.state().heads, host.state().v.head_dim, capacity) {
   // (an exception from here on destroys the cache constructed above: its device memory is freed)
-  DeviceCacheImpl& d = *impl_;
+  DeviceCacheImpl& d = impl();
   const detail::SkvqState& st = host.state();
   const std::int64_t r = d.cfg.window, BH = d.B * d.H, live = st.offset - st.q_end, sinks = st.sinks_held();
   // The exact rows in fp16 first: the one step that can refuse the upload.
@@ -303,9 +303,16 @@ DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
 }
 
 DeviceCache::~DeviceCache() = default;
+DeviceCache::DeviceCache(DeviceCache&&) noexcept = default;
+DeviceCache& DeviceCache::operator=(DeviceCache&&) noexcept = default;
+
+DeviceCacheImpl& DeviceCache::impl() const {
+  if (!impl_) throw Error("skvq: cuda::DeviceCache: this cache was moved from; it holds nothing");
+  return *impl_;
+}
 
 void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, Stream stream) {
-  DeviceCacheImpl& d = *impl_;
+  DeviceCacheImpl& d = impl();
   if (S < 1) throw Error("skvq: cuda::DeviceCache::append_device: S=" + std::to_string(S) + " must be >= 1");
   if (d.offset + S > d.capacity) {
     throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
@@ -336,7 +343,7 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
 }
 
 void DeviceCache::append(const TensorView& keys, const TensorView& values) {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   const Shape4 ks{d.B, d.H, keys.shape[2], d.k.D}, vs{d.B, d.H, keys.shape[2], d.v.D};
   if (keys.shape != ks || values.shape != vs) {
     throw Error("skvq: cuda::DeviceCache::append: keys " + shape_string(keys.shape) + " / values " +
@@ -368,7 +375,7 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
 
 void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                                 int num_splits, Stream stream) const {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   if (d.offset == 0) throw Error("skvq: cuda attend on an empty cache");
   if (num_q_heads < d.H || num_q_heads % d.H != 0) {
     throw Error("skvq: cuda attend: Hq=" + std::to_string(num_q_heads) + " must be a multiple of H=" + std::to_string(d.H));
@@ -396,7 +403,7 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
 }
 
 Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   if (queries.shape[0] != d.B || queries.shape[3] != d.k.D) {
     throw Error("skvq: cuda attend: queries " + shape_string(queries.shape) + " do not match the cache's B and D");
   }
@@ -418,12 +425,12 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   return out;
 }
 
-std::int64_t DeviceCache::offset() const { return impl_->offset; }
-std::int64_t DeviceCache::q_end() const { return impl_->q_end; }
-std::int64_t DeviceCache::bytes_allocated() const { return impl_->allocated; }
+std::int64_t DeviceCache::offset() const { return impl().offset; }
+std::int64_t DeviceCache::q_end() const { return impl().q_end; }
+std::int64_t DeviceCache::bytes_allocated() const { return impl().allocated; }
 
 std::int64_t DeviceCache::bytes_held() const {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   const std::int64_t used = d.q_end / d.cfg.window;
   std::int64_t b = 0;
   for (const DevSide* s : {&d.k, &d.v}) {
@@ -434,7 +441,7 @@ std::int64_t DeviceCache::bytes_held() const {
 }
 
 std::int64_t DeviceCache::bytes_read_per_step() const {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   const std::int64_t sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
   const std::int64_t packed_rows = d.q_end - sinks, live = d.offset - d.q_end;
   std::int64_t b = 0;
@@ -446,7 +453,7 @@ std::int64_t DeviceCache::bytes_read_per_step() const {
 }
 
 SkvqCache DeviceCache::to_host() const {
-  const DeviceCacheImpl& d = *impl_;
+  const DeviceCacheImpl& d = impl();
   synchronize();
   SkvqCache c(d.cfg);
   detail::SkvqState& st = c.mutable_state();

@@ -17,6 +17,8 @@ std::string device_description() { return "built without CUDA"; }
 DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
 DeviceCache::DeviceCache(const SkvqCache&, std::int64_t) { no_cuda(); }
 DeviceCache::~DeviceCache() = default;
+DeviceCache::DeviceCache(DeviceCache&&) noexcept = default;
+DeviceCache& DeviceCache::operator=(DeviceCache&&) noexcept = default;
 void DeviceCache::append_device(const void*, const void*, std::int64_t, Stream) { no_cuda(); }
 void DeviceCache::append(const TensorView&, const TensorView&) { no_cuda(); }
 void DeviceCache::attend_device(const float*, std::int64_t, std::int64_t, float, float*, int, Stream) const { no_cuda(); }
