@@ -883,6 +883,10 @@ TEST(Cuda, HostCacheUploadIsTheSameCache) {
       SkvqCache cpu(c.cfg);
       cpu.append(k.view().slice_tokens(0, upto), v.view().slice_tokens(0, upto));
       cuda::DeviceCache gpu(cpu, total);
+      EXPECT_EQ(gpu.capacity(), total) << what;
+      EXPECT_EQ(gpu.batch(), c.B) << what;
+      EXPECT_EQ(gpu.num_kv_heads(), c.H) << what;
+      EXPECT_TRUE(gpu.config() == c.cfg) << what;  // (the cases' configs are packed-only)
       EXPECT_EQ(gpu.offset(), cpu.offset()) << what;
       EXPECT_EQ(gpu.q_end(), cpu.q_end()) << what;
       ASSERT_TRUE(gpu.to_host().same_state(cpu)) << what;
@@ -925,6 +929,10 @@ TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
   dense.append(k16.view(), v16.view());
   EXPECT_TRUE(cuda::DeviceCache(from32, 100).to_host().same_state(from16));
   EXPECT_TRUE(cuda::DeviceCache(dense, 100).to_host().same_state(from16));
+  EXPECT_FALSE(cuda::DeviceCache(dense, 100).config().dense_view);
+  Config capped = cfg;
+  capped.max_ctx = 90;
+  EXPECT_EQ(cuda::DeviceCache(capped, 1, 1, 128, 1000).capacity(), 90);
   // a layer of a saved and loaded prompt cache
   PromptCache saved = PromptCache::build(ModelDesc::uniform(2, 128), CacheKind::skvq, cfg);
   saved.layer(1).append(k16.view(), v16.view());

@@ -97,8 +97,12 @@ class DeviceCache {
   // Same with host tensors; returns [B, Hq, Sq, Dv] fp32.
   Tensor attend(const TensorView& queries, float scale) const;
 
-  std::int64_t offset() const;
-  std::int64_t q_end() const;
+  const Config& config() const;  // as given, dense_view off (the device cache is packed-only)
+  std::int64_t batch() const;
+  std::int64_t num_kv_heads() const;
+  std::int64_t capacity() const;  // tokens it can hold: as given, at most config().max_ctx
+  std::int64_t offset() const;    // tokens it holds
+  std::int64_t q_end() const;     // the flush frontier
   std::int64_t bytes_allocated() const;  // device bytes reserved
   std::int64_t bytes_held() const;       // packed chunks in use + tail + sinks + perms
   // Bytes one attention call reads (packed codes and metadata, sinks, live tail).

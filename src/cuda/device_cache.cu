@@ -425,6 +425,10 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   return out;
 }
 
+const Config& DeviceCache::config() const { return impl().cfg; }
+std::int64_t DeviceCache::batch() const { return impl().B; }
+std::int64_t DeviceCache::num_kv_heads() const { return impl().H; }
+std::int64_t DeviceCache::capacity() const { return impl().capacity; }
 std::int64_t DeviceCache::offset() const { return impl().offset; }
 std::int64_t DeviceCache::q_end() const { return impl().q_end; }
 std::int64_t DeviceCache::bytes_allocated() const { return impl().allocated; }

@@ -23,6 +23,10 @@ void DeviceCache::append_device(const void*, const void*, std::int64_t, Stream) 
 void DeviceCache::append(const TensorView&, const TensorView&) { no_cuda(); }
 void DeviceCache::attend_device(const float*, std::int64_t, std::int64_t, float, float*, int, Stream) const { no_cuda(); }
 Tensor DeviceCache::attend(const TensorView&, float) const { no_cuda(); }
+const Config& DeviceCache::config() const { no_cuda(); }
+std::int64_t DeviceCache::batch() const { no_cuda(); }
+std::int64_t DeviceCache::num_kv_heads() const { no_cuda(); }
+std::int64_t DeviceCache::capacity() const { no_cuda(); }
 std::int64_t DeviceCache::offset() const { no_cuda(); }
 std::int64_t DeviceCache::q_end() const { no_cuda(); }
 std::int64_t DeviceCache::bytes_allocated() const { no_cuda(); }
