@@ -952,7 +952,7 @@ TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
   big.view().set(1, 0, 66, 9, 1e6f);  // token 66: in the tail (q_end 64)
   SkvqCache wide(cfg);
   wide.append(k32.view().slice_tokens(0, 70), big.view());
-  expect_error([&] { cuda::DeviceCache d(wide, 100); }, {"value tail[1, 0, 2, 9]", "1e+06", "fp16", "tail row 0 is token 64"});
+  expect_error([&] { cuda::DeviceCache d(wide, 100); }, {"from a host cache: value tail[1, 0, 2, 9]", "1e+06", "fp16", "tail row 0 is token 64"});
   big.view().set(1, 0, 66, 9, 0.5f);
   big.view().set(1, 1, 40, 3, -2e5f);  // token 40: flushed (quantized with fp32 metadata), so it uploads
   SkvqCache flushed(cfg);

@@ -53,9 +53,9 @@ class DeviceCache {
   // and later appends go on as on the CPU (to_host() gives the host cache back). The exact rows (the
   // sinks and the live tail) are held in fp16, as append() converts its input: from an fp32 or bf16
   // cache they are rounded, and the windows flushed after the upload are quantized from the rounded
-  // rows. Errors, with nothing allocated: an empty host cache (its batch and heads are not fixed
-  // yet), capacity below its offset, a configuration the GPU does not support (as above), an exact
-  // value beyond fp16's range (named by side, position and value).
+  // rows. Errors, with nothing left allocated: an empty host cache (its batch and heads are not
+  // fixed yet), capacity below its offset, a configuration the GPU does not support (as above), an
+  // exact value beyond fp16's range (named by side, position and value).
   DeviceCache(const SkvqCache& host, std::int64_t capacity);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;

@@ -217,7 +217,9 @@ std::vector<std::uint16_t> exact_rows_f16(const detail::SkvqState& st, const std
   try {
     detail::check_values(src, name, limit, why);
   } catch (const Error& e) {
-    throw Error(std::string("skvq: cuda::DeviceCache from a host cache: ") + e.what() + where);
+    std::string m = e.what();
+    if (m.rfind("skvq: ", 0) == 0) m.erase(0, 6);
+    throw Error("skvq: cuda::DeviceCache from a host cache: " + m + where);
   }
   const Tensor f16 = Tensor::copy_of(src, DType::f16);
   const auto* h = reinterpret_cast<const std::uint16_t*>(f16.data());
