@@ -5,6 +5,7 @@
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
+//        | --upload B Hkv T [SETTING]
 //        | --read-floor | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -402,6 +403,35 @@ struct OneShape {
   OneShape& operator=(const OneShape&) = delete;
 };
 
+// Moving a filled cache between host and device: --upload B Hkv T [SETTING]. Downloads it
+// (to_host) and uploads it again (DeviceCache from the host cache; the result is checked equal),
+// three times each, wall clock; GB/s of the bytes the cache holds.
+void upload(int B, int Hkv, std::int64_t T, const Setting& setting) {
+  const OneShape x(B, Hkv, T, setting);
+  CHECK(cudaDeviceSynchronize());
+  const double held = static_cast<double>(x.cache->bytes_held());
+  const auto seconds = [](const auto& fn) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
+  std::vector<double> down, up;
+  for (int i = 0; i < 3; ++i) {
+    std::unique_ptr<SkvqCache> host;
+    down.push_back(seconds([&] { host = std::make_unique<SkvqCache>(x.cache->to_host()); }));
+    std::unique_ptr<cuda::DeviceCache> back;
+    up.push_back(seconds([&] { back = std::make_unique<cuda::DeviceCache>(*host, T); }));
+    if (!back->to_host().same_state(*host)) {
+      std::fprintf(stderr, "bench_cuda --upload: the uploaded cache differs from the host cache\n");
+      std::exit(1);
+    }
+  }
+  std::sort(down.begin(), down.end());
+  std::sort(up.begin(), up.end());
+  std::printf("%s B=%d Hkv=%d T=%lld: %.1f MB held; to_host %.3f s (%.2f GB/s), upload %.3f s (%.2f GB/s)\n", setting.name, B,
+              Hkv, static_cast<long long>(T), held / 1e6, down[1], held / down[1] / 1e9, up[1], held / up[1] / 1e9);
+}
+
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
 // of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
@@ -589,6 +619,7 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
 int main(int argc, char** argv) {
   using ShapeMode = void (*)(int, int, std::int64_t, const Setting&);
   const std::pair<const char*, ShapeMode> modes[] = {{"--one", one},
+                                                     {"--upload", upload},
                                                      {"--streams", streams},
                                                      {"--splits", splits},
 #ifdef SKVQ_CUDA_TRACE
