@@ -186,6 +186,15 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
 
 namespace {
 
+// The largest magnitude the device cache takes as an exact or input value, and why (check_values'
+// message): the metadata's limit, at most fp16's range, since the device holds fp16 rows.
+float device_value_limit(MetaType m, std::string* why) {
+  const float limit = detail::value_limit(m, why);
+  if (limit <= ref::kMaxF16) return limit;
+  *why = "the range of fp16 (the device cache holds fp16 keys and values)";
+  return ref::kMaxF16;
+}
+
 // The host cache's state, checked for an upload of `capacity` tokens before anything is allocated.
 const detail::SkvqState& upload_state(const SkvqCache& host, std::int64_t capacity) {
   const detail::SkvqState& st = host.state();
@@ -237,8 +246,7 @@ DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
   const std::int64_t r = d.cfg.window, BH = d.B * d.H, live = st.offset - st.q_end, sinks = st.sinks_held();
   // The exact rows in fp16 first: the one step that can refuse the upload.
   std::string why;
-  float limit = detail::value_limit(d.cfg.metadata, &why);
-  if (limit > ref::kMaxF16) limit = ref::kMaxF16, why = "the range of fp16 (the device cache holds fp16 keys and values)";
+  const float limit = device_value_limit(d.cfg.metadata, &why);
   std::vector<std::uint16_t> exact[2][2];  // [keys, values][sinks, tail]
   for (int side = 0; side < 2; ++side) {
     const detail::Side& s = side == 0 ? st.k : st.v;
@@ -354,8 +362,7 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
   // the CPU cache's checks; the device cache holds fp16, so at most fp16's range whatever the metadata
   detail::check_kv_pair(keys, values);
   std::string why;
-  float limit = detail::value_limit(d.cfg.metadata, &why);
-  if (limit > ref::kMaxF16) limit = ref::kMaxF16, why = "the range of fp16 (the device cache takes fp16 keys and values)";
+  const float limit = device_value_limit(d.cfg.metadata, &why);
   detail::check_values(keys, "keys", limit, why);
   detail::check_values(values, "values", limit, why);
   const Tensor k16 = Tensor::copy_of(keys, DType::f16), v16 = Tensor::copy_of(values, DType::f16);
