@@ -2478,7 +2478,27 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
   store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
 }
 
-bool dependent_launch_supported();
+// SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
+// GPUs before compute capability 9.0 (tests of that path, benchmarks).
+bool dependent_launch_disabled() {
+  static const bool off = env_switch("SKVQ_CUDA_PDL") == "0";
+  return off;
+}
+
+// Programmatic dependent launch needs compute capability 9.0 (checked once per device).
+bool dependent_launch_supported() {
+  static std::mutex mu;
+  static std::map<int, bool> known;
+  int dev = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto it = known.find(dev);
+  if (it != known.end()) return it->second;
+  int major = 0;
+  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  return known[dev] = major >= 9 && !dependent_launch_disabled();
+}
+
 // SKVQ_CUDA_BODY_PDL=0: the body kernels launched after the stream's earlier work has ended, as
 // before session 39 (benchmarks, tests); SKVQ_CUDA_PDL=0 turns it off too.
 bool body_dependent_launch() {
@@ -3085,27 +3105,6 @@ constexpr int kSmallChunkTiles = 2;
 int tail_tenths() {
   static const int n = std::clamp(env_int("SKVQ_CUDA_TAIL", 20), 0, 100);
   return n;
-}
-
-// SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on
-// GPUs before compute capability 9.0 (tests of that path, benchmarks).
-bool dependent_launch_disabled() {
-  static const bool off = env_switch("SKVQ_CUDA_PDL") == "0";
-  return off;
-}
-
-// Programmatic dependent launch needs compute capability 9.0 (checked once per device).
-bool dependent_launch_supported() {
-  static std::mutex mu;
-  static std::map<int, bool> known;
-  int dev = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
-  const std::lock_guard<std::mutex> lock(mu);
-  const auto it = known.find(dev);
-  if (it != known.end()) return it->second;
-  int major = 0;
-  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return known[dev] = major >= 9 && !dependent_launch_disabled();
 }
 
 }  // namespace
