@@ -960,6 +960,39 @@ TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
   EXPECT_EQ(cuda::DeviceCache(flushed, 100).offset(), 70);
 }
 
+// Packed chunks move between host and device through two 16 MiB pinned buffers, a batch of window
+// slots at a time (device_cache.cu): caches of many batches (2.6 of them a side, the last one
+// partial) and of slots larger than a buffer (which make the buffers grow) move both ways intact,
+// also from two threads at once, and a cache filled on the device equals the CPU cache.
+TEST(Cuda, LargeCachesMoveThroughStaging) {
+  REQUIRE_GPU();
+  struct Big {
+    Config cfg;
+    std::int64_t B, H, T;
+  };
+  // 8-bit codes: a slot of 2 x 8 x 96 rows holds 203 KiB, so 16 MiB hold 82 slots and 20677 tokens
+  // fill 215 (and a tail of 37); then slots of 8 x 32 x 512 rows, 17 MiB each.
+  for (const Big& c : {Big{no_search(gpu_config(96, 5, 128, 8, 8, MetaType::fp16), 0.95f), 2, 8, 96 * 215 + 37},
+                       Big{no_search(gpu_config(512, 3, 128, 8, 8, MetaType::fp16), 1.0f), 8, 32, 2 * 512 + 100}}) {
+    const std::string what = "B=" + std::to_string(c.B) + " H=" + std::to_string(c.H) + " T=" + std::to_string(c.T);
+    const Tensor k = randn({c.B, c.H, c.T, 128}, 31, DType::f16, true), v = randn({c.B, c.H, c.T, 128}, 32);
+    SkvqCache cpu(c.cfg);
+    cpu.append(k.view(), v.view());
+    cuda::DeviceCache filled(c.cfg, c.B, c.H, 128, c.T);
+    filled.append(k.view(), v.view());
+    ASSERT_TRUE(filled.to_host().same_state(cpu)) << what;
+    std::unique_ptr<cuda::DeviceCache> up[2];
+    bool same[2] = {false, false};
+    std::thread other([&] { same[1] = (up[1] = std::make_unique<cuda::DeviceCache>(cpu, c.T))->to_host().same_state(cpu); });
+    same[0] = (up[0] = std::make_unique<cuda::DeviceCache>(cpu, c.T))->to_host().same_state(cpu);
+    other.join();
+    EXPECT_TRUE(same[0] && same[1]) << what;
+    Tensor q = randn({c.B, c.H * 2, 1, 128}, 33, DType::f32);
+    const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+    expect_close(cpu, q.view(), k.view(), v.view(), 0.1f, up[0]->attend(q.view(), 0.1f).view(), want.view(), what);
+  }
+}
+
 // Caches move (a model's layers in a vector): the moved-to cache is the same cache, growing the
 // vector keeps every layer's state, and a moved-from one refuses calls with an error.
 TEST(Cuda, MovedCachesKeepTheirState) {

@@ -56,6 +56,8 @@ class DeviceCache {
   // rows. Errors, with nothing left allocated: an empty host cache (its batch and heads are not
   // fixed yet), capacity below its offset, a configuration the GPU does not support (as above), an
   // exact value beyond fp16's range (named by side, position and value).
+  // The packed chunks move through two pinned 16 MiB host buffers that the first move of the process
+  // allocates (about 20 ms) and keeps; moves from several threads take them in turn.
   DeviceCache(const SkvqCache& host, std::int64_t capacity);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
@@ -108,8 +110,9 @@ class DeviceCache {
   // Bytes one attention call reads (packed codes and metadata, sinks, live tail).
   std::int64_t bytes_read_per_step() const;
 
-  // Copies the whole state back into a CPU SkvqCache (packed-only), for
-  // comparisons with the CPU cache: same codes, metadata, perms, counters.
+  // Copies the whole state back into a CPU SkvqCache (packed-only): same codes, metadata, perms,
+  // counters (for a cache file, or comparisons with the CPU cache). Waits for the device first;
+  // moves through the upload's pinned buffers.
   SkvqCache to_host() const;
 
  private:

@@ -1,11 +1,13 @@
 // DeviceCache: the host side of the GPU layer cache (allocation, the append
-// state machine, flush launches, attention launches, download for tests).
+// state machine, flush launches, attention launches, moves between host and device).
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "core/input_check.hpp"
 #include "core/skvq_state.hpp"
+#include "core/thread_pool.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
 #include "ref/meta.hpp"
@@ -195,6 +197,149 @@ float device_value_limit(MetaType m, std::string* why) {
   return ref::kMaxF16;
 }
 
+// Pinned host buffers through which packed chunks move between host and device: two, so that the
+// host fills (or empties) one while the other's copy runs. Allocated on the first move and kept for
+// the process (pinning takes about 0.6 ms a MiB on the H200 machine, the time a pageable copy of
+// 6 MiB takes: docs/performance.md), taken by one move at a time; a slot larger than a buffer makes
+// them grow.
+struct StagingPool {
+  static constexpr std::size_t kBytes = std::size_t{16} << 20;
+  std::mutex mu;
+  unsigned char* buf[2] = {nullptr, nullptr};
+  std::size_t bytes = 0;
+  cudaStream_t stream = nullptr;
+  cudaEvent_t done[2] = {nullptr, nullptr};  // the last copy through each buffer
+};
+
+// (never destroyed: the CUDA runtime may be torn down before static destructors run)
+StagingPool& staging_pool() {
+  static StagingPool* pool = new StagingPool;
+  return *pool;
+}
+
+// The pool, locked, with buffers of at least `bytes`.
+std::unique_lock<std::mutex> take_staging(std::size_t bytes) {
+  StagingPool& s = staging_pool();
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (!s.stream) {
+    SKVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    for (cudaEvent_t& e : s.done) SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  if (s.bytes < bytes) {
+    for (unsigned char*& b : s.buf) {
+      if (b) SKVQ_CUDA_CHECK(cudaFreeHost(b));
+      b = nullptr;
+    }
+    s.bytes = 0;
+    const std::size_t want = std::max(bytes, StagingPool::kBytes);
+    for (unsigned char*& b : s.buf) SKVQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&b), want));
+    s.bytes = want;
+  }
+  return lock;
+}
+
+// A batch of a side's window slots in a staging buffer: codes, then minima, then scales.
+struct SlotBatch {
+  std::int64_t first = 0, n = 0;
+  unsigned char *codes = nullptr, *lo = nullptr, *scale = nullptr;
+};
+
+// The side's slots [0, n_slots) in batches of as many slots as a staging buffer holds (one copy of
+// each array a batch: a copy a slot took 10-20 us, most of a small cache's download).
+struct SlotBatches {
+  const DevSide& ds;
+  std::int64_t n_slots, per;
+  SlotBatches(const DevSide& side, std::int64_t n) : ds(side), n_slots(n) {
+    per = std::max<std::int64_t>(1, static_cast<std::int64_t>(staging_pool().bytes) / slot_bytes(ds));
+  }
+  static std::int64_t slot_bytes(const DevSide& ds) { return ds.slot_codes + 2 * ds.slot_meta; }
+  std::int64_t count() const { return (n_slots + per - 1) / per; }
+  SlotBatch at(std::int64_t j) const {
+    SlotBatch b;
+    b.first = j * per;
+    b.n = std::min(per, n_slots - b.first);
+    b.codes = staging_pool().buf[j % 2];
+    b.lo = b.codes + b.n * ds.slot_codes;
+    b.scale = b.lo + b.n * ds.slot_meta;
+    return b;
+  }
+};
+
+// A batch's three arrays between its staging buffer and the side's slots, on the pool's stream, then
+// the buffer's event.
+void copy_batch(const DevSide& ds, const SlotBatch& b, int buffer, cudaMemcpyKind kind) {
+  const StagingPool& sp = staging_pool();
+  const struct {
+    unsigned char *dev, *host;
+    std::int64_t bytes;
+  } arrays[3] = {{ds.codes + b.first * ds.slot_codes, b.codes, b.n * ds.slot_codes},
+                 {ds.lo + b.first * ds.slot_meta, b.lo, b.n * ds.slot_meta},
+                 {ds.scale + b.first * ds.slot_meta, b.scale, b.n * ds.slot_meta}};
+  const bool up = kind == cudaMemcpyHostToDevice;
+  for (const auto& a : arrays) {
+    const std::size_t bytes = static_cast<std::size_t>(a.bytes);
+    SKVQ_CUDA_CHECK(cudaMemcpyAsync(up ? a.dev : a.host, up ? a.host : a.dev, bytes, kind, sp.stream));
+  }
+  SKVQ_CUDA_CHECK(cudaEventRecord(sp.done[buffer], sp.stream));
+}
+
+// Host to device: fill(batch) writes each batch's slots into its staging buffer, which is then
+// copied into the side's slots while the next batch is filled.
+template <class F>
+void slots_to_device(const DevSide& ds, std::int64_t n_slots, F&& fill) {
+  if (n_slots == 0) return;
+  const std::unique_lock<std::mutex> lock = take_staging(static_cast<std::size_t>(SlotBatches::slot_bytes(ds)));
+  StagingPool& sp = staging_pool();
+  const SlotBatches batches(ds, n_slots);
+  try {
+    for (std::int64_t j = 0; j < batches.count(); ++j) {
+      const SlotBatch b = batches.at(j);
+      SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));  // the copy from this buffer two batches ago
+      fill(b);
+      copy_batch(ds, b, static_cast<int>(j % 2), cudaMemcpyHostToDevice);
+    }
+    SKVQ_CUDA_CHECK(cudaStreamSynchronize(sp.stream));
+  } catch (...) {
+    cudaStreamSynchronize(sp.stream);  // nothing may still read the buffers
+    throw;
+  }
+}
+
+// Device to host: each batch's slots are copied into a staging buffer, and drain(batch) reads them
+// there while the next batch's copy runs.
+template <class F>
+void slots_to_host(const DevSide& ds, std::int64_t n_slots, F&& drain) {
+  if (n_slots == 0) return;
+  const std::unique_lock<std::mutex> lock = take_staging(static_cast<std::size_t>(SlotBatches::slot_bytes(ds)));
+  StagingPool& sp = staging_pool();
+  const SlotBatches batches(ds, n_slots);
+  const auto issue = [&](std::int64_t j) { copy_batch(ds, batches.at(j), static_cast<int>(j % 2), cudaMemcpyDeviceToHost); };
+  try {
+    issue(0);
+    for (std::int64_t j = 0; j < batches.count(); ++j) {
+      if (j + 1 < batches.count()) issue(j + 1);  // into the buffer drained in the last iteration
+      SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));
+      drain(batches.at(j));
+    }
+  } catch (...) {
+    cudaStreamSynchronize(sp.stream);
+    throw;
+  }
+}
+
+// The rows of a batch's slots between the host chunks' layout ([B*H][n rows], n = window - first)
+// and the slots' ([slot][B*H][window rows], rows [0, first) zero): fn(slot i of the batch, bh) moves
+// one (slot, b, h)'s rows. The pairs run on the thread pool in a few ranges a thread (the pool
+// takes a lock for each task).
+template <class F>
+void for_slot_rows(std::int64_t n_slots, std::int64_t BH, F&& fn) {
+  detail::ThreadPool& pool = detail::ThreadPool::global();
+  const std::int64_t n = n_slots * BH, parts = std::min<std::int64_t>(n, 4 * pool.size());
+  pool.parallel_for(parts, pool.size(), [&](std::int64_t part) {
+    for (std::int64_t t = n * part / parts; t < n * (part + 1) / parts; ++t) fn(t / BH, t % BH);
+  });
+}
+
 // The host cache's state, checked for an upload of `capacity` tokens before anything is allocated.
 const detail::SkvqState& upload_state(const SkvqCache& host, std::int64_t capacity) {
   const detail::SkvqState& st = host.state();
@@ -266,35 +411,29 @@ DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
                   " packed chunks where its flush frontier q_end=" + std::to_string(st.q_end) + " needs " +
                   std::to_string(n_chunks));
     }
-    // The chunks into their slots, through host buffers of up to 64 MiB of codes at a time
-    // (chunk 0's sink rows stay zero: the kernels mask them, to_host skips them).
-    const std::int64_t batch = std::clamp<std::int64_t>((std::int64_t{64} << 20) / std::max<std::int64_t>(ds.slot_codes, 1), 1,
-                                                        std::max<std::int64_t>(n_chunks, 1));
-    std::vector<unsigned char> codes, lo, sc;
-    for (std::int64_t c0 = 0; c0 < n_chunks; c0 += batch) {
-      const std::int64_t nc = std::min(batch, n_chunks - c0);
-      codes.assign(static_cast<std::size_t>(nc * ds.slot_codes), 0);
-      lo.assign(static_cast<std::size_t>(nc * ds.slot_meta), 0);
-      sc.assign(lo.size(), 0);
-      for (std::int64_t i = 0; i < nc; ++i) {
-        const detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(c0 + i)];
-        const std::int64_t first = st.first_row(static_cast<std::size_t>(c0 + i)), n = r - first;
-        if (ch.n_rows != n || static_cast<std::int64_t>(ch.codes.size()) != BH * n * ds.row_bytes ||
-            static_cast<std::int64_t>(ch.lo.size()) != BH * n * mrow || static_cast<std::int64_t>(ch.scale.size()) != BH * n * mrow) {
-          throw Error("skvq: cuda::DeviceCache from a host cache: its packed chunk " + std::to_string(c0 + i) +
-                      " does not have the size of " + std::to_string(n) + " rows a head");
-        }
-        for (std::int64_t bh = 0; bh < BH; ++bh) {
-          const std::int64_t row0 = (i * BH + bh) * r + first;
-          std::copy_n(ch.codes.data() + bh * n * ds.row_bytes, n * ds.row_bytes, codes.data() + row0 * ds.row_bytes);
-          std::copy_n(ch.lo.data() + bh * n * mrow, n * mrow, lo.data() + row0 * mrow);
-          std::copy_n(ch.scale.data() + bh * n * mrow, n * mrow, sc.data() + row0 * mrow);
-        }
+    for (std::int64_t c = 0; c < n_chunks; ++c) {
+      const detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(c)];
+      const std::int64_t n = r - st.first_row(static_cast<std::size_t>(c));
+      if (ch.n_rows != n || static_cast<std::int64_t>(ch.codes.size()) != BH * n * ds.row_bytes ||
+          static_cast<std::int64_t>(ch.lo.size()) != BH * n * mrow || static_cast<std::int64_t>(ch.scale.size()) != BH * n * mrow) {
+        throw Error("skvq: cuda::DeviceCache from a host cache: its packed chunk " + std::to_string(c) +
+                    " does not have the size of " + std::to_string(n) + " rows a head");
       }
-      copy_to_device(ds.codes + c0 * ds.slot_codes, codes.data(), codes.size());
-      copy_to_device(ds.lo + c0 * ds.slot_meta, lo.data(), lo.size());
-      copy_to_device(ds.scale + c0 * ds.slot_meta, sc.data(), sc.size());
     }
+    // The chunks into their slots, a batch at a time (chunk 0's sink rows zero: the kernels mask
+    // them, to_host skips them).
+    slots_to_device(ds, n_chunks, [&](const SlotBatch& b) {
+      for_slot_rows(b.n, BH, [&](std::int64_t i, std::int64_t bh) {
+        const detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(b.first + i)];
+        const std::int64_t first = r - ch.n_rows, n = ch.n_rows, row0 = (i * BH + bh) * r;
+        std::fill_n(b.codes + row0 * ds.row_bytes, first * ds.row_bytes, 0);
+        std::fill_n(b.lo + row0 * mrow, first * mrow, 0);
+        std::fill_n(b.scale + row0 * mrow, first * mrow, 0);
+        std::copy_n(ch.codes.data() + bh * n * ds.row_bytes, n * ds.row_bytes, b.codes + (row0 + first) * ds.row_bytes);
+        std::copy_n(ch.lo.data() + bh * n * mrow, n * mrow, b.lo + (row0 + first) * mrow);
+        std::copy_n(ch.scale.data() + bh * n * mrow, n * mrow, b.scale + (row0 + first) * mrow);
+      });
+    });
     if (sinks > 0) copy_to_device(ds.sinks, exact[side][0].data(), exact[side][0].size() * 2);
     copy_to_device(ds.tail, exact[side][1].data(), exact[side][1].size() * 2);
     if (ds.perm && st.q_end > 0) {
@@ -488,26 +627,25 @@ SkvqCache DeviceCache::to_host() const {
     s.head_dim = ds.D;
     s.bits = ds.bits;
     const std::int64_t n_chunks = d.q_end / r;
-    std::vector<unsigned char> codes(static_cast<std::size_t>(ds.slot_codes)), lo(static_cast<std::size_t>(ds.slot_meta)),
-        sc(lo.size());
-    for (std::int64_t ci = 0; ci < n_chunks; ++ci) {
-      copy_to_host(codes.data(), ds.codes + ci * ds.slot_codes, codes.size());
-      copy_to_host(lo.data(), ds.lo + ci * ds.slot_meta, lo.size());
-      copy_to_host(sc.data(), ds.scale + ci * ds.slot_meta, sc.size());
-      detail::PackedChunk ch;
-      const std::int64_t first = ci == 0 ? d.cfg.n_sink : 0;
-      ch.n_rows = r - first;
-      const std::int64_t mrow = ds.G * mb;
-      for (std::int64_t bh = 0; bh < BH; ++bh) {
-        const auto* cb = codes.data() + (bh * r + first) * ds.row_bytes;
-        ch.codes.insert(ch.codes.end(), cb, cb + ch.n_rows * ds.row_bytes);
-        const auto* lb = lo.data() + (bh * r + first) * mrow;
-        ch.lo.insert(ch.lo.end(), lb, lb + ch.n_rows * mrow);
-        const auto* sb = sc.data() + (bh * r + first) * mrow;
-        ch.scale.insert(ch.scale.end(), sb, sb + ch.n_rows * mrow);
-      }
-      s.chunks.push_back(std::move(ch));
-    }
+    const std::int64_t mrow = ds.G * mb;
+    s.chunks.resize(static_cast<std::size_t>(n_chunks));
+    detail::ThreadPool& pool = detail::ThreadPool::global();
+    pool.parallel_for(n_chunks, pool.size(), [&](std::int64_t ci) {  // (the first touch of their pages, too)
+      detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(ci)];
+      ch.n_rows = r - st.first_row(static_cast<std::size_t>(ci));
+      ch.codes.resize(static_cast<std::size_t>(BH * ch.n_rows * ds.row_bytes));
+      ch.lo.resize(static_cast<std::size_t>(BH * ch.n_rows * mrow));
+      ch.scale.resize(ch.lo.size());
+    });
+    slots_to_host(ds, n_chunks, [&](const SlotBatch& b) {
+      for_slot_rows(b.n, BH, [&](std::int64_t i, std::int64_t bh) {
+        detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(b.first + i)];
+        const std::int64_t n = ch.n_rows, row0 = (i * BH + bh) * r + (r - n);
+        std::copy_n(b.codes + row0 * ds.row_bytes, n * ds.row_bytes, ch.codes.data() + bh * n * ds.row_bytes);
+        std::copy_n(b.lo + row0 * mrow, n * mrow, ch.lo.data() + bh * n * mrow);
+        std::copy_n(b.scale + row0 * mrow, n * mrow, ch.scale.data() + bh * n * mrow);
+      });
+    });
     const std::int64_t sinks = std::min<std::int64_t>(d.cfg.n_sink, d.q_end);
     if (sinks > 0) {
       s.sinks.resize(static_cast<std::size_t>(BH * sinks * ds.D * 2));
