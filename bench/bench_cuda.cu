@@ -405,7 +405,8 @@ struct OneShape {
 
 // Moving a filled cache between host and device: --upload B Hkv T [SETTING]. Downloads it
 // (to_host) and uploads it again (DeviceCache from the host cache; the result is checked equal),
-// three times each, wall clock; GB/s of the bytes the cache holds.
+// three times each, then forks it on the device (repeat 1) three times; wall clock, medians; GB/s
+// of the bytes the cache holds.
 void upload(int B, int Hkv, std::int64_t T, const Setting& setting) {
   const OneShape x(B, Hkv, T, setting);
   CHECK(cudaDeviceSynchronize());
@@ -426,10 +427,15 @@ void upload(int B, int Hkv, std::int64_t T, const Setting& setting) {
       std::exit(1);
     }
   }
+  std::vector<double> fork;  // a copy on the device (repeat 1), bytes read and written
+  for (int i = 0; i < 3; ++i) fork.push_back(seconds([&] { cuda::DeviceCache copy(*x.cache, T); }));
   std::sort(down.begin(), down.end());
   std::sort(up.begin(), up.end());
-  std::printf("%s B=%d Hkv=%d T=%lld: %.1f MB held; to_host %.3f s (%.2f GB/s), upload %.3f s (%.2f GB/s)\n", setting.name, B,
-              Hkv, static_cast<long long>(T), held / 1e6, down[1], held / down[1] / 1e9, up[1], held / up[1] / 1e9);
+  std::sort(fork.begin(), fork.end());
+  std::printf("%s B=%d Hkv=%d T=%lld: %.1f MB held; to_host %.3f s (%.2f GB/s), upload %.3f s (%.2f GB/s), "
+              "fork %.4f s (%.1f GB/s read+write, allocation and freeing included)\n",
+              setting.name, B, Hkv, static_cast<long long>(T), held / 1e6, down[1], held / down[1] / 1e9, up[1],
+              held / up[1] / 1e9, fork[1], 2 * held / fork[1] / 1e9);
 }
 
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer

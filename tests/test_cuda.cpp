@@ -993,6 +993,97 @@ TEST(Cuda, LargeCachesMoveThroughStaging) {
   }
 }
 
+// x [B, H, T, D] with each batch entry repeated `repeat` times (entry b of the result is entry
+// b / repeat of x), then, along the tokens, y's rows (y has the result's batch).
+Tensor repeat_then_append(const TensorView& x, std::int64_t repeat, const TensorView& y) {
+  const std::int64_t B = x.shape[0] * repeat, H = x.shape[1], T = x.shape[2], S = y.shape[2], D = x.shape[3];
+  Tensor out(x.dtype, {B, H, T + S, D});
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T + S; ++t)
+        for (std::int64_t d = 0; d < D; ++d) out.view().set(b, h, t, d, t < T ? x.at(b / repeat, h, t, d) : y.at(b, h, t - T, d));
+  return out;
+}
+
+// The bytes of batch entry b of a [B][rest] array.
+template <class Bytes>
+std::vector<std::uint8_t> entry_bytes(const Bytes& a, std::int64_t B, std::int64_t b) {
+  const std::size_t n = a.size() / static_cast<std::size_t>(B);
+  std::vector<std::uint8_t> out(n);
+  if (n > 0) std::memcpy(out.data(), a.data() + static_cast<std::size_t>(b) * n, n);
+  return out;
+}
+
+// A device cache forked on the device (a shared prompt, then samples of it): the fork holds each
+// source entry `repeat` times, byte for byte (codes, metadata, sinks, tail, permutations), with the
+// source's counters; then each fork entry takes tokens of its own and both caches go on as CPU
+// caches from their states would. Refusals name the argument.
+TEST(Cuda, ForkedCachesRepeatTheirEntries) {
+  REQUIRE_GPU();
+  std::uint32_t seed = 1200;
+  const Config configs[] = {gpu_config(32, 3, 32, 4, 2, MetaType::fp16), gpu_config(64, 0, 128, 2, 2, MetaType::fp8_e4m3, false),
+                            gpu_config(16, 5, 64, 8, 4, MetaType::fp32)};
+  for (const Config& cfg : configs) {
+    for (const std::int64_t T : {std::int64_t{cfg.window - 1}, std::int64_t{3 * cfg.window + 7}}) {
+      for (const std::int64_t repeat : {1, 3}) {
+        const std::string what = "window " + std::to_string(cfg.window) + " T=" + std::to_string(T) + " repeat " +
+                                 std::to_string(repeat);
+        const std::int64_t B = 2, H = 2, more = cfg.window + 5;
+        const Tensor k = randn({B, H, T, 128}, seed++, DType::f16, true), v = randn({B, H, T, 128}, seed++, DType::f16);
+        cuda::DeviceCache source(cfg, B, H, 128, T + more);
+        source.append(k.view(), v.view());
+        cuda::DeviceCache fork(source, T + more, repeat);
+        EXPECT_EQ(fork.batch(), B * repeat) << what;
+        EXPECT_EQ(fork.offset(), T) << what;
+        EXPECT_EQ(fork.q_end(), source.q_end()) << what;
+        const SkvqCache s = source.to_host(), f = fork.to_host();
+        const detail::SkvqState &ss = s.state(), &fs = f.state();
+        EXPECT_EQ(fs.tokens_seen, ss.tokens_seen) << what;
+        EXPECT_EQ(fs.fp16_key_bytes, ss.fp16_key_bytes * repeat) << what;
+        EXPECT_EQ(fs.fp16_value_bytes, ss.fp16_value_bytes * repeat) << what;
+        for (const auto side : {&detail::SkvqState::k, &detail::SkvqState::v}) {
+          const detail::Side &a = ss.*side, &c = fs.*side;
+          EXPECT_EQ(c.perm, a.perm) << what;
+          ASSERT_EQ(c.chunks.size(), a.chunks.size()) << what;
+          for (std::int64_t b = 0; b < B * repeat; ++b) {
+            const std::string at = what + ", fork entry " + std::to_string(b);
+            EXPECT_EQ(entry_bytes(c.tail, B * repeat, b), entry_bytes(a.tail, B, b / repeat)) << at;
+            EXPECT_EQ(entry_bytes(c.sinks, B * repeat, b), entry_bytes(a.sinks, B, b / repeat)) << at;
+            for (std::size_t ci = 0; ci < a.chunks.size(); ++ci) {
+              EXPECT_EQ(entry_bytes(c.chunks[ci].codes, B * repeat, b), entry_bytes(a.chunks[ci].codes, B, b / repeat)) << at;
+              EXPECT_EQ(entry_bytes(c.chunks[ci].lo, B * repeat, b), entry_bytes(a.chunks[ci].lo, B, b / repeat)) << at;
+              EXPECT_EQ(entry_bytes(c.chunks[ci].scale, B * repeat, b), entry_bytes(a.chunks[ci].scale, B, b / repeat)) << at;
+            }
+          }
+        }
+        // each fork entry its own tokens (past a flush), the source others: each as its CPU copy goes on
+        SkvqCache cpu_fork = f, cpu_source = s;
+        const Tensor k2 = randn({B * repeat, H, more, 128}, seed++, DType::f16, true);
+        const Tensor v2 = randn({B * repeat, H, more, 128}, seed++, DType::f16);
+        const Tensor k3 = randn({B, H, more, 128}, seed++, DType::f16, true), v3 = randn({B, H, more, 128}, seed++, DType::f16);
+        fork.append(k2.view(), v2.view());
+        cpu_fork.append(k2.view(), v2.view());
+        source.append(k3.view(), v3.view());
+        cpu_source.append(k3.view(), v3.view());
+        ASSERT_TRUE(fork.to_host().same_state(cpu_fork)) << what;
+        ASSERT_TRUE(source.to_host().same_state(cpu_source)) << what;
+        const Tensor q = randn({B * repeat, H * 4, 1, 128}, seed++, DType::f32);
+        const Tensor want = attend(cpu_fork, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
+        const Tensor ka = repeat_then_append(k.view(), repeat, k2.view()), va = repeat_then_append(v.view(), repeat, v2.view());
+        expect_close(cpu_fork, q.view(), ka.view(), va.view(), 0.1f, fork.attend(q.view(), 0.1f).view(), want.view(), what);
+      }
+    }
+  }
+  const Config cfg = gpu_config(32, 3, 32, 2, 2, MetaType::fp16);
+  cuda::DeviceCache source(cfg, 1, 2, 128, 100);
+  source.append(randn({1, 2, 40, 128}, 1).view(), randn({1, 2, 40, 128}, 2).view());
+  expect_error([&] { cuda::DeviceCache d(source, 100, 0); }, {"repeat=0"});
+  expect_error([&] { cuda::DeviceCache d(source, 39, 2); }, {"capacity=39", "offset=40"});
+  cuda::DeviceCache moved(std::move(source));
+  expect_error([&] { cuda::DeviceCache d(source, 100); }, {"moved from"});
+  EXPECT_EQ(cuda::DeviceCache(moved, 100, 4).batch(), 4);
+}
+
 // Caches move (a model's layers in a vector): the moved-to cache is the same cache, growing the
 // vector keeps every layer's state, and a moved-from one refuses calls with an error.
 TEST(Cuda, MovedCachesKeepTheirState) {

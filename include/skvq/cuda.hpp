@@ -59,6 +59,14 @@ class DeviceCache {
   // The packed chunks move through two pinned 16 MiB host buffers that the first move of the process
   // allocates (about 20 ms) and keeps; moves from several threads take them in turn.
   DeviceCache(const SkvqCache& host, std::int64_t capacity);
+  // A copy of a device cache in a new one of `capacity` tokens, made on the device: a prompt's cache
+  // forked for several requests, or for several samples or beams of one (repeat > 1: entry b of the
+  // copy is entry b / repeat of the source, so the copy's batch is source.batch() * repeat). The
+  // copy goes on as the source would (the same permutations, codes, metadata, exact rows and
+  // counters; its fp16 byte accounting counts its own entries), and the two are independent from
+  // then on. Waits for the device first. Errors, with nothing left allocated: repeat < 1, capacity
+  // below the source's offset, a moved-from source.
+  DeviceCache(const DeviceCache& source, std::int64_t capacity, std::int64_t repeat = 1);
   ~DeviceCache();
   DeviceCache(const DeviceCache&) = delete;
   DeviceCache& operator=(const DeviceCache&) = delete;

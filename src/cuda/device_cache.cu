@@ -451,6 +451,66 @@ DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
   d.fp16_v = st.fp16_value_bytes;
 }
 
+namespace {
+
+// The fork's batch, after its arguments are checked (before anything is allocated).
+std::int64_t fork_batch(const DeviceCache& source, std::int64_t capacity, std::int64_t repeat) {
+  const std::string what = "skvq: cuda::DeviceCache from a device cache: ";
+  if (repeat < 1) throw Error(what + "repeat=" + std::to_string(repeat) + " must be >= 1");
+  if (capacity < source.offset()) {
+    throw Error(what + "capacity=" + std::to_string(capacity) + " is below the source cache's offset=" +
+                std::to_string(source.offset()));
+  }
+  return source.batch() * repeat;
+}
+
+// An array of `outer` blocks, each the src_batch entries' `bytes` one after another, into one of
+// src_batch * repeat entries a block: entry b's bytes to entries [b * repeat, (b + 1) * repeat).
+// On the legacy stream.
+void repeat_entries(void* dst, const void* src, std::int64_t outer, std::int64_t src_batch, std::int64_t repeat,
+                    std::int64_t bytes) {
+  if (outer == 0 || bytes == 0) return;
+  const auto to = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  for (std::int64_t b = 0; b < src_batch; ++b) {
+    for (std::int64_t i = 0; i < repeat; ++i) {
+      auto* d = static_cast<unsigned char*>(dst) + (b * repeat + i) * bytes;
+      const auto* s = static_cast<const unsigned char*>(src) + b * bytes;
+      SKVQ_CUDA_CHECK(cudaMemcpy2DAsync(d, to(src_batch * repeat * bytes), s, to(src_batch * bytes), to(bytes), to(outer),
+                                        cudaMemcpyDeviceToDevice, cudaStreamLegacy));
+    }
+  }
+}
+
+}  // namespace
+
+DeviceCache::DeviceCache(const DeviceCache& source, std::int64_t capacity, std::int64_t repeat)
+    : DeviceCache(source.config(), fork_batch(source, capacity, repeat), source.num_kv_heads(), source.impl().Dv, capacity) {
+  DeviceCacheImpl& d = impl();
+  const DeviceCacheImpl& src = source.impl();
+  synchronize();  // the source's work on every stream
+  const std::int64_t r = d.cfg.window, H = d.H, used = src.q_end / r;
+  for (int side = 0; side < 2; ++side) {
+    const DevSide& from = side == 0 ? src.k : src.v;
+    const DevSide& to = side == 0 ? d.k : d.v;
+    const std::int64_t rows_sinks = std::max(d.cfg.n_sink, 1);
+    repeat_entries(to.codes, from.codes, used, src.B, repeat, H * r * from.row_bytes);
+    repeat_entries(to.lo, from.lo, used, src.B, repeat, from.slot_meta / src.B);
+    repeat_entries(to.scale, from.scale, used, src.B, repeat, from.slot_meta / src.B);
+    repeat_entries(to.sinks, from.sinks, 1, src.B, repeat, H * rows_sinks * from.D * 2);
+    repeat_entries(to.tail, from.tail, 1, src.B, repeat, H * r * from.D * 2);
+    if (to.perm && src.q_end > 0) {  // (written by the first flush)
+      SKVQ_CUDA_CHECK(cudaMemcpyAsync(to.perm, from.perm, static_cast<std::size_t>(H * from.D) * 4, cudaMemcpyDeviceToDevice,
+                                      cudaStreamLegacy));
+    }
+  }
+  SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));  // visible to work on any stream
+  d.offset = src.offset;
+  d.q_end = src.q_end;
+  d.tokens_seen = src.tokens_seen;
+  d.fp16_k = src.fp16_k * repeat;
+  d.fp16_v = src.fp16_v * repeat;
+}
+
 DeviceCache::~DeviceCache() = default;
 DeviceCache::DeviceCache(DeviceCache&&) noexcept = default;
 DeviceCache& DeviceCache::operator=(DeviceCache&&) noexcept = default;

@@ -16,6 +16,7 @@ bool available() { return false; }
 std::string device_description() { return "built without CUDA"; }
 DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
 DeviceCache::DeviceCache(const SkvqCache&, std::int64_t) { no_cuda(); }
+DeviceCache::DeviceCache(const DeviceCache&, std::int64_t, std::int64_t) { no_cuda(); }
 DeviceCache::~DeviceCache() = default;
 DeviceCache::DeviceCache(DeviceCache&&) noexcept = default;
 DeviceCache& DeviceCache::operator=(DeviceCache&&) noexcept = default;
