@@ -61,7 +61,8 @@ class DeviceCache {
   DeviceCache(const SkvqCache& host, std::int64_t capacity);
   // A copy of a device cache in a new one of `capacity` tokens, made on the device: a prompt's cache
   // forked for several requests, or for several samples or beams of one (repeat > 1: entry b of the
-  // copy is entry b / repeat of the source, so the copy's batch is source.batch() * repeat). The
+  // copy is entry b / repeat of the source, so the copy's batch is source.batch() * repeat), or a
+  // cache that ran out of capacity grown into a larger one (repeat 1, then drop the source). The
   // copy goes on as the source would (the same permutations, codes, metadata, exact rows and
   // counters; its fp16 byte accounting counts its own entries), and the two are independent from
   // then on. Waits for the device first. Errors, with nothing left allocated: repeat < 1, capacity
