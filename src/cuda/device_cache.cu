@@ -283,46 +283,34 @@ void copy_batch(const DevSide& ds, const SlotBatch& b, int buffer, cudaMemcpyKin
   SKVQ_CUDA_CHECK(cudaEventRecord(sp.done[buffer], sp.stream));
 }
 
-// Host to device: fill(batch) writes each batch's slots into its staging buffer, which is then
-// copied into the side's slots while the next batch is filled.
+// The side's slots [0, n_slots) moved batch by batch through the staging buffers, fn(batch) on the
+// host beside the copies. Host to device: fn fills a batch's buffer, which is then copied to the
+// slots while the next batch is filled. Device to host: a batch is copied into its buffer, then fn
+// reads it there while the next batch's copy runs.
 template <class F>
-void slots_to_device(const DevSide& ds, std::int64_t n_slots, F&& fill) {
+void move_slots(const DevSide& ds, std::int64_t n_slots, cudaMemcpyKind kind, F&& fn) {
   if (n_slots == 0) return;
   const std::unique_lock<std::mutex> lock = take_staging(static_cast<std::size_t>(SlotBatches::slot_bytes(ds)));
   StagingPool& sp = staging_pool();
   const SlotBatches batches(ds, n_slots);
+  const bool up = kind == cudaMemcpyHostToDevice;
+  const auto copy = [&](std::int64_t j) { copy_batch(ds, batches.at(j), static_cast<int>(j % 2), kind); };
   try {
+    if (!up) copy(0);
     for (std::int64_t j = 0; j < batches.count(); ++j) {
-      const SlotBatch b = batches.at(j);
-      SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));  // the copy from this buffer two batches ago
-      fill(b);
-      copy_batch(ds, b, static_cast<int>(j % 2), cudaMemcpyHostToDevice);
+      if (up) {
+        SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));  // the copy from this buffer two batches ago
+        fn(batches.at(j));
+        copy(j);
+      } else {
+        if (j + 1 < batches.count()) copy(j + 1);  // into the buffer read in the last iteration
+        SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));
+        fn(batches.at(j));
+      }
     }
     SKVQ_CUDA_CHECK(cudaStreamSynchronize(sp.stream));
   } catch (...) {
-    cudaStreamSynchronize(sp.stream);  // nothing may still read the buffers
-    throw;
-  }
-}
-
-// Device to host: each batch's slots are copied into a staging buffer, and drain(batch) reads them
-// there while the next batch's copy runs.
-template <class F>
-void slots_to_host(const DevSide& ds, std::int64_t n_slots, F&& drain) {
-  if (n_slots == 0) return;
-  const std::unique_lock<std::mutex> lock = take_staging(static_cast<std::size_t>(SlotBatches::slot_bytes(ds)));
-  StagingPool& sp = staging_pool();
-  const SlotBatches batches(ds, n_slots);
-  const auto issue = [&](std::int64_t j) { copy_batch(ds, batches.at(j), static_cast<int>(j % 2), cudaMemcpyDeviceToHost); };
-  try {
-    issue(0);
-    for (std::int64_t j = 0; j < batches.count(); ++j) {
-      if (j + 1 < batches.count()) issue(j + 1);  // into the buffer drained in the last iteration
-      SKVQ_CUDA_CHECK(cudaEventSynchronize(sp.done[j % 2]));
-      drain(batches.at(j));
-    }
-  } catch (...) {
-    cudaStreamSynchronize(sp.stream);
+    cudaStreamSynchronize(sp.stream);  // nothing may still use the buffers
     throw;
   }
 }
@@ -422,7 +410,7 @@ DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
     }
     // The chunks into their slots, a batch at a time (chunk 0's sink rows zero: the kernels mask
     // them, to_host skips them).
-    slots_to_device(ds, n_chunks, [&](const SlotBatch& b) {
+    move_slots(ds, n_chunks, cudaMemcpyHostToDevice, [&](const SlotBatch& b) {
       for_slot_rows(b.n, BH, [&](std::int64_t i, std::int64_t bh) {
         const detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(b.first + i)];
         const std::int64_t first = r - ch.n_rows, n = ch.n_rows, row0 = (i * BH + bh) * r;
@@ -697,7 +685,7 @@ SkvqCache DeviceCache::to_host() const {
       ch.lo.resize(static_cast<std::size_t>(BH * ch.n_rows * mrow));
       ch.scale.resize(ch.lo.size());
     });
-    slots_to_host(ds, n_chunks, [&](const SlotBatch& b) {
+    move_slots(ds, n_chunks, cudaMemcpyDeviceToHost, [&](const SlotBatch& b) {
       for_slot_rows(b.n, BH, [&](std::int64_t i, std::int64_t bh) {
         detail::PackedChunk& ch = s.chunks[static_cast<std::size_t>(b.first + i)];
         const std::int64_t n = ch.n_rows, row0 = (i * BH + bh) * r + (r - n);
