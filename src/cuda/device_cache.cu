@@ -221,10 +221,10 @@ StagingPool& staging_pool() {
 std::unique_lock<std::mutex> take_staging(std::size_t bytes) {
   StagingPool& s = staging_pool();
   std::unique_lock<std::mutex> lock(s.mu);
-  if (!s.stream) {
-    SKVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-    for (cudaEvent_t& e : s.done) SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t& e : s.done) {  // (the stream last: it marks the pool set up)
+    if (!e) SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
+  if (!s.stream) SKVQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
   if (s.bytes < bytes) {
     for (unsigned char*& b : s.buf) {
       if (b) SKVQ_CUDA_CHECK(cudaFreeHost(b));
