@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <initializer_list>
 #include <memory>
 #include <random>
@@ -23,6 +25,8 @@
 #include "cuda/fast_div.hpp"
 #include "cuda/split_rule.hpp"
 #include "cuda/selfcheck.hpp"
+#include "model/model.hpp"
+#include "model/runner.hpp"
 #include "ref/attention.hpp"
 #include "ref/meta.hpp"
 #include "skvq/cache_file.hpp"
@@ -1082,6 +1086,68 @@ TEST(Cuda, ForkedCachesRepeatTheirEntries) {
   cuda::DeviceCache moved(std::move(source));
   expect_error([&] { cuda::DeviceCache d(source, 100); }, {"moved from"});
   EXPECT_EQ(cuda::DeviceCache(moved, 100, 4).batch(), 4);
+}
+
+// The GPU cache under a real model: lm128 (shared data; head dim 128, two query heads a KV head)
+// reads WikiText, a prompt of 300 tokens in one piece (a prefill with two flushes) and then 200
+// tokens one at a time (decode steps, one more flush), with the default configuration. Each layer's
+// new keys and values go to a CPU cache and to a GPU cache; the model runs on the CPU cache's
+// attention (the reference kernel), and the GPU's attention of the same queries over the same rows
+// must agree with it within expect_close's bound at every layer and step. At the end every layer's
+// GPU cache holds the CPU cache's state bit for bit (permutations from real channel statistics,
+// the clip search on real groups).
+TEST(Cuda, RealModelAttentionMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  const std::filesystem::path data = SKVQ_SHARED_DATA;
+  if (!std::filesystem::exists(data / "lm128" / "model.bin")) GTEST_SKIP() << "no " << data / "lm128";
+  model::Tokenizer tok;
+  const model::Model m = model::load_model((data / "lm128/model.bin").string(), "", &tok);
+  std::ifstream f(data / "text/wikitext-test.raw.txt", std::ios::binary);
+  std::string text(8192, '\0');
+  f.read(text.data(), 8192);
+  text.resize(static_cast<std::size_t>(f.gcount()));
+  std::vector<int> toks = tok.encode(text.substr(3), true);  // (after the BOM)
+  constexpr std::int64_t kPrompt = 300, kTokens = 500;
+  ASSERT_GE(toks.size(), static_cast<std::size_t>(kTokens));
+  toks.resize(kTokens);
+  const model::Runner r(m);
+  const int L = m.cfg.n_layers, Hkv = m.cfg.n_kv_heads;
+  ASSERT_EQ(m.cfg.head_dim(), 128);
+  Config cfg;  // the defaults: K2V2, groups of 32, window 128, 5 sinks, reordered, searched
+  cfg.dense_view = false;
+  const float scale = 1.0f / std::sqrt(128.0f);
+  std::vector<SkvqCache> cpu(static_cast<std::size_t>(L), SkvqCache(cfg));
+  std::vector<cuda::DeviceCache> gpu;
+  std::vector<Tensor> ks, vs;  // each layer's rows so far (expect_close's magnitudes)
+  for (int l = 0; l < L; ++l) {
+    gpu.emplace_back(cfg, 1, Hkv, 128, kTokens);
+    ks.emplace_back(DType::f16, Shape4{1, Hkv, kTokens, 128});
+    vs.emplace_back(DType::f16, Shape4{1, Hkv, kTokens, 128});
+  }
+  for (std::int64_t t = 0; t < kTokens;) {
+    const std::int64_t n = t == 0 ? kPrompt : 1;
+    r.forward_with(std::span<const int>(toks).subspan(static_cast<std::size_t>(t), static_cast<std::size_t>(n)), t,
+                   [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+                     const auto li = static_cast<std::size_t>(l);
+                     copy_into(k.view(), ks[li].view().slice_tokens(t, n));
+                     copy_into(v.view(), vs[li].view().slice_tokens(t, n));
+                     cpu[li].append(k.view(), v.view());
+                     gpu[li].append(k.view(), v.view());
+                     const Tensor want = attend(cpu[li], q.view(), scale, AttendOptions{Kernel::reference, 1});
+                     const Tensor got = gpu[li].attend(q.view(), scale);
+                     const std::string what = "layer " + std::to_string(l) + ", tokens [" + std::to_string(t) + ", " +
+                                              std::to_string(t + n) + ")";
+                     expect_close(cpu[li], q.view(), ks[li].view().slice_tokens(0, t + n), vs[li].view().slice_tokens(0, t + n),
+                                  scale, got.view(), want.view(), what);
+                     copy_into(want.view(), out.view());
+                   });
+    t += n;
+    if (::testing::Test::HasFailure()) break;
+  }
+  for (int l = 0; l < L; ++l) {
+    EXPECT_GT(cpu[static_cast<std::size_t>(l)].q_end(), kPrompt) << "layer " << l;  // a flush while decoding
+    EXPECT_TRUE(gpu[static_cast<std::size_t>(l)].to_host().same_state(cpu[static_cast<std::size_t>(l)])) << "layer " << l;
+  }
 }
 
 // Caches move (a model's layers in a vector): the moved-to cache is the same cache, growing the

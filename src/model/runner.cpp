@@ -116,13 +116,31 @@ PromptCache Runner::make_cache(CacheKind kind, const Config& cfg) const {
   return PromptCache::build(d, kind, c);
 }
 
-std::vector<float> Runner::forward(std::span<const int> tokens, PromptCache& cache, bool all_logits) const {
-  const int V = m_.cfg.vocab_size;
-  std::vector<float> logits(static_cast<std::size_t>(all_logits ? tokens.size() : 1) * V);
+namespace {
+
+void check_tokens(std::span<const int> tokens, int V) {
   if (tokens.empty()) throw Error("skvq: forward: no tokens");
   for (int t : tokens) {
     if (t < 0 || t >= V) throw Error("skvq: forward: token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   }
+}
+
+}  // namespace
+
+std::vector<float> Runner::forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention) const {
+  const ModelConfig& c = m_.cfg;
+  check_tokens(tokens, c.vocab_size);
+  if (pos0 < 0) throw Error("skvq: forward_with: pos0=" + std::to_string(pos0) + " must be >= 0");
+  const std::vector<float> h = run_layers(m_, tokens, pos0, attention);
+  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(c.vocab_size));
+  matmul(h.data(), m_.classifier(), logits.data(), static_cast<int>(tokens.size()), c.dim, c.vocab_size);
+  return logits;
+}
+
+std::vector<float> Runner::forward(std::span<const int> tokens, PromptCache& cache, bool all_logits) const {
+  const int V = m_.cfg.vocab_size;
+  std::vector<float> logits(static_cast<std::size_t>(all_logits ? tokens.size() : 1) * V);
+  check_tokens(tokens, V);
   if (cache.size() != static_cast<std::size_t>(m_.cfg.n_layers)) {
     throw Error("skvq: forward: the prompt cache has " + std::to_string(cache.size()) + " layers, the model " +
                 std::to_string(m_.cfg.n_layers));
@@ -164,15 +182,11 @@ void Runner::forward_piece(std::span<const int> tokens, PromptCache& cache, floa
 }
 
 std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens, NoCacheAttention how) {
-  const ModelConfig& c = m.cfg;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim()));
-  const std::vector<float> h = run_layers(m, tokens, 0, [&](int, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(m.cfg.head_dim()));
+  return Runner(m).forward_with(tokens, 0, [&](int, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
     if (how == NoCacheAttention::float64) ref::dense_attention(q.view(), k.view(), v.view(), scale, out.view());
     else attend_dense(q.view(), k.view(), v.view(), scale, out.view());
   });
-  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(c.vocab_size));
-  matmul(h.data(), m.classifier(), logits.data(), static_cast<int>(tokens.size()), c.dim, c.vocab_size);
-  return logits;
 }
 
 }  // namespace skvq::model

@@ -3,6 +3,7 @@
 // attention over what the cache holds, read straight from its store).
 #pragma once
 
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -26,6 +27,14 @@ class Runner {
   // split at flush boundaries so that every token sees exactly the cache
   // state it would see in one-token-at-a-time decoding.
   std::vector<float> forward(std::span<const int> tokens, PromptCache& cache, bool all_logits) const;
+
+  // The same forward with each layer's attention left to `attention(layer, q, k, v, out)`: q
+  // [1, n_heads, n, hd] fp32, the new rows k and v [1, n_kv_heads, n, hd] fp16 (RoPE applied) to
+  // append to the caller's cache, out [1, n_heads, n, hd] fp32 to fill with the attention of q over
+  // it. For caches outside a PromptCache (the GPU's); the caller splits the tokens as it needs.
+  // Tokens at positions [pos0, pos0 + n); logits [n, vocab].
+  using Attention = std::function<void(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out)>;
+  std::vector<float> forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention) const;
 
   const Model& model() const { return m_; }
 
