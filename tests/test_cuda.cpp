@@ -829,16 +829,6 @@ TEST(Cuda, DenseFp16KernelMatchesReference) {
   }
 }
 
-// f throws skvq::Error whose message holds every needle.
-template <typename F>
-void expect_error(F&& f, std::initializer_list<const char*> needles) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming " << *needles.begin();
-  } catch (const Error& e) {
-    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
-  }
-}
 
 TEST(Cuda, UnsupportedShapesAreClearErrors) {
   if (cuda::available()) {

@@ -93,6 +93,38 @@ TEST(Model, Fp16CacheMatchesCacheFreeForward) {
   }
 }
 
+// forward_with leaves the attention to its caller: one call a layer, with the new rows' shapes,
+// and, when the caller runs the plain cache's attention over its own plain cache, forward()'s logits
+// for the same pieces; bad arguments are errors that name them.
+TEST(Model, ForwardWithLeavesTheAttentionToItsCaller) {
+  REQUIRE_DATA();
+  const Runner r(lm128().m);
+  const std::vector<int> toks = wikitext_tokens(lm128().tok, 60);
+  PromptCache ref = r.make_cache(CacheKind::plain), mine = r.make_cache(CacheKind::plain);
+  std::vector<int> layers;
+  std::vector<float> got, want;
+  for (auto [b, e] : {std::pair<std::size_t, std::size_t>{0, 50}, {50, 60}}) {
+    const auto piece = std::span<const int>(toks).subspan(b, e - b);
+    const auto ref_part = r.forward(piece, ref, true);
+    want.insert(want.end(), ref_part.begin(), ref_part.end());
+    const auto part = r.forward_with(piece, static_cast<std::int64_t>(b),
+                                     [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+                                       layers.push_back(l);
+                                       EXPECT_EQ(k.shape(), (Shape4{1, 2, static_cast<std::int64_t>(e - b), 128}));
+                                       LayerCache& lc = mine.layer(static_cast<std::size_t>(l));
+                                       lc.append(k.view(), v.view());
+                                       attend(lc, q.view(), 1.0f / std::sqrt(128.0f), out.view());
+                                     });
+    got.insert(got.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(layers.size(), 2u * 6u);
+  EXPECT_EQ(got, want);  // the same pieces through the same kernel: bit for bit
+  auto none = [](int, const Tensor&, const Tensor&, const Tensor&, Tensor&) {};
+  expect_error([&] { r.forward_with(toks, -1, none); }, {"pos0=-1"});
+  expect_error([&] { r.forward_with(std::vector<int>{1, 9999}, 0, none); }, {"token id 9999"});
+  expect_error([&] { r.forward_with(std::vector<int>{}, 0, none); }, {"no tokens"});
+}
+
 TEST(Model, BabyLlamaGreedyContinuation) {
   REQUIRE_DATA();
   const Runner r(baby().m);

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/skvq_state.hpp"
@@ -20,6 +22,17 @@
 namespace skvq::test {
 
 using workload::Normal;
+
+// f throws skvq::Error whose message holds every needle.
+template <typename F>
+void expect_error(F&& f, std::initializer_list<const char*> needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one naming " << *needles.begin();
+  } catch (const Error& e) {
+    for (const char* n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+  }
+}
 
 // Standard normal values, rounded to `dtype`; optionally channel c multiplied
 // by a fixed per-channel scale from logspace(-2, 1, D), shuffled.

@@ -59,7 +59,7 @@ Tensor to_heads(const float* x, int n, int heads, int hd, DType dt) {
 
 // Attention for one layer: q [1, n_heads, n, hd] f32, k/v [1, n_kv_heads, n, hd]
 // fp16 (the new rows, RoPE applied) -> out [1, n_heads, n, hd] f32.
-using AttnFn = std::function<void(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out)>;
+using AttnFn = Runner::Attention;
 
 // The transformer body over tokens at positions [pos0, pos0 + n); returns the
 // final-normed hidden states [n, dim].
