@@ -11,6 +11,7 @@
 
 #include "model/model.hpp"
 #include "model/runner.hpp"
+#include "skvq/cuda.hpp"
 #include "test_util.hpp"
 
 namespace skvq::test {
@@ -373,6 +374,10 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
       {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be >= 0"},
+      {"generate --model " + model + " --prompt hi --device gpu", "--device gpu must be cpu or cuda"},
+      {"generate --model " + model + " --prompt hi --device cuda", "--device cuda needs --cache skvq"},
+      // no GPU: the device's description; on a GPU: babyllama's head_dim=16
+      {"generate --model " + model + " --prompt hi --cache skvq --device cuda", "--device cuda: "},
       // outputs that cannot be written are refused before the work (one line on stderr: no generation
       // summary, no evaluation table), naming the flag and the path
       {"generate --model " + model + " --prompt hi --save-cache " + err + "/sub/c.st", "--save-cache " + err + "/sub/c.st: directory"},
@@ -428,6 +433,31 @@ TEST(Model, GenerateSavesAndResumesACache) {
   run(baby().tok.encode(" The end.", false), 20, &t2);
   EXPECT_EQ(resumed, " The end." + t2 + "\n");
   for (const auto& p : {file, out1, out2}) fs::remove(p);
+}
+
+// generate --device cuda: the skvq cache and its attention on the GPU, with the model on the CPU.
+// lm128's greedy continuation is the CPU cache's, and a conversation saved from the GPU resumes
+// alike on the CPU and on the GPU (the attention kernels round differently from the CPU's, so a
+// near-tie among the logits could in principle differ; none does here).
+TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
+  REQUIRE_DATA();
+  if (!cuda::available()) GTEST_SKIP() << cuda::device_description();
+  const std::string model = (kData / "lm128/model.bin").string(), cli = SKVQ_CLI_PATH, file = tmp("gpu.safetensors");
+  const auto generate = [&](const std::string& args) {
+    const std::string out = tmp("gen.txt");
+    EXPECT_EQ(std::system((cli + " generate --model " + model + " " + args + " >" + out + " 2>/dev/null").c_str()), 0) << args;
+    std::ifstream o(out);
+    std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+    fs::remove(out);
+    return text;
+  };
+  const std::string cpu = generate("--cache skvq --prompt 'The history of the' -n 200");
+  EXPECT_GT(cpu.size(), 150u);
+  EXPECT_EQ(generate("--cache skvq --device cuda --prompt 'The history of the' -n 200 --save-cache " + file), cpu);
+  const std::string resumed = generate("--load-cache " + file + " --prompt ' In the' -n 60");
+  EXPECT_GT(resumed.size(), 40u);
+  EXPECT_EQ(generate("--load-cache " + file + " --device cuda --prompt ' In the' -n 60"), resumed);
+  fs::remove(file);
 }
 
 TEST(Model, ConvertAndInspectCommands) {

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
+#include <span>
 #include <random>
 
 #include "cli_common.hpp"
@@ -10,6 +12,7 @@
 #include "model/runner.hpp"
 #include "model_cli.hpp"
 #include "skvq/cache_file.hpp"
+#include "skvq/cuda.hpp"
 #include "skvq/skvq.hpp"
 
 namespace skvq::tools {
@@ -17,7 +20,7 @@ namespace skvq::tools {
 namespace {
 
 struct GenerateArgs {
-  std::string model, tokenizer, prompt, cache = "fp16", save_cache, load_cache;
+  std::string model, tokenizer, prompt, cache = "fp16", save_cache, load_cache, device = "cpu";
   int n = 128;
   double temperature = 0.0;
   std::uint64_t seed = 0;
@@ -38,6 +41,48 @@ int sample(const float* logits, int V, double temperature, std::mt19937_64& rng)
   return V - 1;
 }
 
+// The skvq cache's layers on the GPU (--device cuda): the model runs on the CPU and hands each layer's
+// new rows and queries to its device cache, in the pieces Runner::forward takes (so that every token
+// sees the cache state of one-token-at-a-time decoding).
+class DeviceLayers {
+ public:
+  DeviceLayers(const PromptCache& host, const model::ModelConfig& mc)
+      : scale_(1.0f / std::sqrt(static_cast<float>(mc.head_dim()))), vocab_(mc.vocab_size) {
+    for (std::size_t l = 0; l < host.size(); ++l) {
+      const auto& s = dynamic_cast<const SkvqCache&>(host.layer(l));
+      if (s.offset() > 0) layers_.emplace_back(s, mc.seq_len);
+      else layers_.emplace_back(s.config(), 1, mc.n_kv_heads, mc.head_dim(), mc.seq_len);
+    }
+  }
+  // The next token's logits after `tokens`.
+  std::vector<float> forward(const model::Runner& r, std::span<const int> tokens) {
+    std::vector<float> logits;
+    for (std::size_t done = 0; done < tokens.size();) {
+      const cuda::DeviceCache& first = layers_.front();
+      const std::size_t n = model::piece_before_flush(tokens.size() - done, first.config().window, first.offset() - first.q_end());
+      logits = r.forward_with(tokens.subspan(done, n), first.offset(),
+                              [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+                                cuda::DeviceCache& d = layers_[static_cast<std::size_t>(l)];
+                                d.append(k.view(), v.view());
+                                copy_into(d.attend(q.view(), scale_).view(), out.view());
+                              });
+      done += n;
+    }
+    logits.erase(logits.begin(), logits.end() - vocab_);  // the last piece's last row
+    return logits;
+  }
+  PromptCache to_host() const {
+    PromptCache c;
+    for (const cuda::DeviceCache& d : layers_) c.push_back(std::make_unique<SkvqCache>(d.to_host()));
+    return c;
+  }
+
+ private:
+  std::vector<cuda::DeviceCache> layers_;
+  float scale_;
+  std::ptrdiff_t vocab_;
+};
+
 int run_generate(const GenerateArgs& a) {
   if (a.n < 0) throw UsageError("-n " + std::to_string(a.n) + " must be >= 0");
   if (!(a.temperature >= 0.0) || !std::isfinite(a.temperature)) {
@@ -48,6 +93,12 @@ int run_generate(const GenerateArgs& a) {
   if (a.cache != "fp16" && a.cache != "skvq") throw UsageError("--cache " + a.cache + " must be fp16 or skvq");
   if (!a.load_cache.empty() && !a.sets.empty()) throw UsageError("--set cannot change the config of a cache given by --load-cache");
   if (a.cache == "fp16" && !a.sets.empty()) throw UsageError("--set needs --cache skvq");
+  const bool on_gpu = a.device == "cuda";
+  if (a.device != "cpu" && !on_gpu) throw UsageError("--device " + a.device + " must be cpu or cuda");
+  if (on_gpu && a.load_cache.empty() && a.cache != "skvq") {
+    throw UsageError("--device cuda needs --cache skvq (the GPU holds the skvq cache only)");
+  }
+  if (on_gpu && !cuda::available()) throw UsageError("--device cuda: " + cuda::device_description());
   if (!a.save_cache.empty()) check_output_file("--save-cache", a.save_cache, false);  // before the generation, not after
   LoadedModel lm = load_model_args(a.model, a.tokenizer);
   const model::Runner runner(lm.model);
@@ -80,8 +131,20 @@ int run_generate(const GenerateArgs& a) {
     throw UsageError("--prompt: " + std::to_string(history.size() + prompt.size()) + " tokens exceed the model's context of " +
                      std::to_string(mc.seq_len));
   }
+  std::optional<DeviceLayers> gpu;
+  if (on_gpu && cache.layer(0).kind() != "skvq") {
+    throw UsageError("--device cuda needs an skvq cache; --load-cache " + a.load_cache + " holds an fp16 one");
+  }
+  if (on_gpu) {
+    try {
+      gpu.emplace(cache, mc);
+    } catch (const Error& e) {
+      throw UsageError("--device cuda: " + std::string(e.what()).substr(6));
+    }
+  }
+  const auto step = [&](std::span<const int> toks) { return gpu ? gpu->forward(runner, toks) : runner.forward(toks, cache, false); };
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = runner.forward(prompt, cache, false);
+  std::vector<float> logits = step(prompt);
   history.insert(history.end(), prompt.begin(), prompt.end());
   std::printf("%s", a.prompt.c_str());
   std::fflush(stdout);
@@ -94,21 +157,22 @@ int run_generate(const GenerateArgs& a) {
     std::printf("%s", lm.tokenizer.decode(prev, next).c_str());
     std::fflush(stdout);
     const int tok[1] = {next};
-    logits = runner.forward(tok, cache, false);  // the cache holds every token printed
+    logits = step(tok);  // the cache holds every token printed
     history.push_back(next);
     prev = next;
     ++produced;
   }
   const auto t2 = std::chrono::steady_clock::now();
   std::printf("\n");
+  if (gpu) cache = gpu->to_host();  // (for the report and --save-cache)
   const Accounting acc = cache.accounting();
   const StoredBytes sb = cache.stored_bytes();
   const double fp16 = static_cast<double>(acc.fp16_key_bytes + acc.fp16_value_bytes);
   const double prompt_s = std::chrono::duration<double>(t1 - t0).count(), gen_s = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr,
-               "[%s cache] KV memory: fp16-equivalent %.1f KiB, stored %.1f KiB (%.3f of fp16); peak RSS %.1f MiB; "
+               "[%s cache%s] KV memory: fp16-equivalent %.1f KiB, stored %.1f KiB (%.3f of fp16); peak RSS %.1f MiB; "
                "prompt %zu tokens in %.3f s; generated %d tokens in %.3f s (%.1f tok/s)\n",
-               cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
+               cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", on_gpu ? " on cuda" : "", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
                fp16 > 0 ? static_cast<double>(sb.total()) / fp16 : 0.0, static_cast<double>(peak_rss_bytes()) / 1048576.0,
                prompt.size(), prompt_s, produced, gen_s, gen_s > 0 ? produced / gen_s : 0.0);
   if (produced < a.n && static_cast<std::int64_t>(history.size()) >= mc.seq_len) {
@@ -143,6 +207,8 @@ void register_generate(CLI::App& app, CommandList& commands) {
   sub->add_option("--set", a->sets, "skvq config FIELD=VALUE");
   sub->add_option("--save-cache", a->save_cache, "save the conversation's cache to FILE when done");
   sub->add_option("--load-cache", a->load_cache, "resume from a cache FILE (the prompt continues it)");
+  sub->add_option("--device", a->device, "cpu, or cuda: the skvq cache and its attention on the GPU (head dim 128)")
+      ->capture_default_str();
   commands.emplace_back(sub, [a] { return run_generate(*a); });
 }
 

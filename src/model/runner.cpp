@@ -150,9 +150,7 @@ std::vector<float> Runner::forward(std::span<const int> tokens, PromptCache& cac
   while (done < tokens.size()) {
     std::size_t n = tokens.size() - done;
     if (const auto* s = dynamic_cast<const SkvqCache*>(&cache.layer(0))) {
-      const std::int64_t r = s->config().window;
-      const std::int64_t until_flush = r - (s->offset() - s->q_end());  // tokens until (and including) the flushing one
-      if (static_cast<std::int64_t>(n) >= until_flush) n = static_cast<std::size_t>(until_flush > 1 ? until_flush - 1 : 1);
+      n = piece_before_flush(n, s->config().window, s->offset() - s->q_end());
     }
     const bool last_piece = done + n == tokens.size();
     float* out = all_logits ? logits.data() + done * static_cast<std::size_t>(V) : logits.data();
@@ -179,6 +177,12 @@ void Runner::forward_piece(std::span<const int> tokens, PromptCache& cache, floa
   } else {
     matmul(h.data() + static_cast<std::size_t>(n - 1) * c.dim, m_.classifier(), logits, 1, c.dim, c.vocab_size);
   }
+}
+
+std::size_t piece_before_flush(std::size_t n, std::int64_t window, std::int64_t live) {
+  const std::int64_t until_flush = window - live;  // tokens until (and including) the flushing one
+  if (static_cast<std::int64_t>(n) >= until_flush) n = static_cast<std::size_t>(until_flush > 1 ? until_flush - 1 : 1);
+  return n;
 }
 
 std::vector<float> forward_no_cache(const Model& m, std::span<const int> tokens, NoCacheAttention how) {

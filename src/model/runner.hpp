@@ -45,6 +45,11 @@ class Runner {
   AttendOptions opts_;
 };
 
+// How many of n tokens a call into an skvq cache with `live` rows in its window of `window` rows
+// takes so that it flushes no window except with its last token (Runner::forward's pieces: each
+// token then sees the cache state that one-token-at-a-time decoding would give it).
+std::size_t piece_before_flush(std::size_t n, std::int64_t window, std::int64_t live);
+
 // Reference forward over a whole sequence without any cache: full causal
 // attention over K/V rounded to fp16 (what the fp16 cache holds), in float64
 // (ref::dense_attention) or with the SIMD kernel over dense tensors
