@@ -452,7 +452,7 @@ TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
     return text;
   };
   const std::string cpu = generate("--cache skvq --prompt 'The history of the' -n 200");
-  EXPECT_GT(cpu.size(), 150u);
+  EXPECT_GT(cpu.size(), std::string("The history of the").size() + 40);  // (78 tokens, then the end of text)
   EXPECT_EQ(generate("--cache skvq --device cuda --prompt 'The history of the' -n 200 --save-cache " + file), cpu);
   const std::string resumed = generate("--load-cache " + file + " --prompt ' In the' -n 60");
   EXPECT_GT(resumed.size(), 40u);
