@@ -120,6 +120,18 @@ TEST(Model, ForwardWithLeavesTheAttentionToItsCaller) {
   }
   EXPECT_EQ(layers.size(), 2u * 6u);
   EXPECT_EQ(got, want);  // the same pieces through the same kernel: bit for bit
+  // the last token's logits alone, as forward() gives them
+  PromptCache ref_last = r.make_cache(CacheKind::plain), mine_last = r.make_cache(CacheKind::plain);
+  const auto last = r.forward_with(
+      toks, 0,
+      [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
+        LayerCache& lc = mine_last.layer(static_cast<std::size_t>(l));
+        lc.append(k.view(), v.view());
+        attend(lc, q.view(), 1.0f / std::sqrt(128.0f), out.view());
+      },
+      false);
+  EXPECT_EQ(last.size(), static_cast<std::size_t>(r.model().cfg.vocab_size));
+  EXPECT_EQ(last, r.forward(toks, ref_last, false));
   auto none = [](int, const Tensor&, const Tensor&, const Tensor&, Tensor&) {};
   expect_error([&] { r.forward_with(toks, -1, none); }, {"pos0=-1"});
   expect_error([&] { r.forward_with(std::vector<int>{1, 9999}, 0, none); }, {"token id 9999"});

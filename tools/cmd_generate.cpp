@@ -47,7 +47,7 @@ int sample(const float* logits, int V, double temperature, std::mt19937_64& rng)
 class DeviceLayers {
  public:
   DeviceLayers(const PromptCache& host, const model::ModelConfig& mc)
-      : scale_(1.0f / std::sqrt(static_cast<float>(mc.head_dim()))), vocab_(mc.vocab_size) {
+      : scale_(1.0f / std::sqrt(static_cast<float>(mc.head_dim()))) {
     for (std::size_t l = 0; l < host.size(); ++l) {
       const auto& s = dynamic_cast<const SkvqCache&>(host.layer(l));
       if (s.offset() > 0) layers_.emplace_back(s, mc.seq_len);
@@ -65,10 +65,9 @@ class DeviceLayers {
                                 cuda::DeviceCache& d = layers_[static_cast<std::size_t>(l)];
                                 d.append(k.view(), v.view());
                                 copy_into(d.attend(q.view(), scale_).view(), out.view());
-                              });
+                              }, false);
       done += n;
     }
-    logits.erase(logits.begin(), logits.end() - vocab_);  // the last piece's last row
     return logits;
   }
   PromptCache to_host() const {
@@ -80,7 +79,6 @@ class DeviceLayers {
  private:
   std::vector<cuda::DeviceCache> layers_;
   float scale_;
-  std::ptrdiff_t vocab_;
 };
 
 int run_generate(const GenerateArgs& a) {

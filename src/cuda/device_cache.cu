@@ -481,7 +481,7 @@ DeviceCache::DeviceCache(const DeviceCache& source, std::int64_t capacity, std::
     const DevSide& from = side == 0 ? src.k : src.v;
     const DevSide& to = side == 0 ? d.k : d.v;
     const std::int64_t rows_sinks = std::max(d.cfg.n_sink, 1);
-    repeat_entries(to.codes, from.codes, used, src.B, repeat, H * r * from.row_bytes);
+    repeat_entries(to.codes, from.codes, used, src.B, repeat, from.slot_codes / src.B);
     repeat_entries(to.lo, from.lo, used, src.B, repeat, from.slot_meta / src.B);
     repeat_entries(to.scale, from.scale, used, src.B, repeat, from.slot_meta / src.B);
     repeat_entries(to.sinks, from.sinks, 1, src.B, repeat, H * rows_sinks * from.D * 2);

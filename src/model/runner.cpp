@@ -127,13 +127,16 @@ void check_tokens(std::span<const int> tokens, int V) {
 
 }  // namespace
 
-std::vector<float> Runner::forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention) const {
+std::vector<float> Runner::forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention,
+                                        bool all_logits) const {
   const ModelConfig& c = m_.cfg;
   check_tokens(tokens, c.vocab_size);
   if (pos0 < 0) throw Error("skvq: forward_with: pos0=" + std::to_string(pos0) + " must be >= 0");
   const std::vector<float> h = run_layers(m_, tokens, pos0, attention);
-  std::vector<float> logits(tokens.size() * static_cast<std::size_t>(c.vocab_size));
-  matmul(h.data(), m_.classifier(), logits.data(), static_cast<int>(tokens.size()), c.dim, c.vocab_size);
+  const int rows = all_logits ? static_cast<int>(tokens.size()) : 1;
+  std::vector<float> logits(static_cast<std::size_t>(rows) * c.vocab_size);
+  matmul(h.data() + (tokens.size() - static_cast<std::size_t>(rows)) * c.dim, m_.classifier(), logits.data(), rows, c.dim,
+         c.vocab_size);
   return logits;
 }
 

@@ -32,9 +32,11 @@ class Runner {
   // [1, n_heads, n, hd] fp32, the new rows k and v [1, n_kv_heads, n, hd] fp16 (RoPE applied) to
   // append to the caller's cache, out [1, n_heads, n, hd] fp32 to fill with the attention of q over
   // it. For caches outside a PromptCache (the GPU's); the caller splits the tokens as it needs.
-  // Tokens at positions [pos0, pos0 + n); logits [n, vocab].
+  // Tokens at positions [pos0, pos0 + n); logits [n, vocab] (all_logits) or [1, vocab] for the last
+  // token.
   using Attention = std::function<void(int layer, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out)>;
-  std::vector<float> forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention) const;
+  std::vector<float> forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention,
+                                  bool all_logits = true) const;
 
   const Model& model() const { return m_; }
 
