@@ -6,7 +6,7 @@
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING]
-//        | --read-floor | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
+//        | --read-floor | --head-dims | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -622,6 +622,81 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
 }
 #endif
 
+// Decode steps at other head dims (the general-shape path; at D = 128 the tuned kernels unless
+// SKVQ_CUDA_BODY=general): --head-dims. Hq = 32, Hkv = 8, K2V2 at groups of 32 and 128 against the
+// project's fp16 kernel at the same D (the general path too, where D != 128), each as one call and
+// per layer of a graph (cold L2), GB/s of the bytes each reads and its share of copy bandwidth.
+void head_dims_table() {
+  const double bw = copy_bandwidth();
+  std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
+  const char* body = std::getenv("SKVQ_CUDA_BODY");
+  std::printf("\n## Decode attention at other head dims: Hq=32, Hkv=8, one step (SKVQ_CUDA_BODY=%s)\n\n", body ? body : "");
+  std::printf("| D | B | kv_len | kernel | MB read | one call ms | %% copy bw | L | graph ms | %% copy bw | fp16 / this (graph) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const int Hkv = 8, Hq = 32;
+  for (int D : {16, 64, 128, 256})
+    for (int B : {1, 8})
+      for (std::int64_t T : {std::int64_t{32768}, std::int64_t{131072}}) {
+        const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * D;
+        const double fp16_bytes = 2.0 * n * 2;
+        const int L16 = stack_layers(fp16_bytes);
+        std::vector<__half*> ks(L16), vs(L16);
+        for (int l = 0; l < L16; ++l) {
+          CHECK(cudaMalloc(&ks[l], n * 2));
+          CHECK(cudaMalloc(&vs[l], n * 2));
+        }
+        random_half(ks[0], n, static_cast<std::uint32_t>(T + B));
+        random_half(vs[0], n, static_cast<std::uint32_t>(T + D));
+        for (int l = 1; l < L16; ++l) {
+          CHECK(cudaMemcpy(ks[l], ks[0], n * 2, cudaMemcpyDeviceToDevice));
+          CHECK(cudaMemcpy(vs[l], vs[0], n * 2, cudaMemcpyDeviceToDevice));
+        }
+        float *q, *out;
+        const std::size_t nq = static_cast<std::size_t>(B) * Hq * D;
+        CHECK(cudaMalloc(&q, nq * 4));
+        CHECK(cudaMalloc(&out, nq * 4));
+        fill_random_f32<<<256, 256>>>(q, nq, 5);
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        const int reps = 20;
+        const auto row = [&](const char* name, double bytes, double one, int layers, double graph, double graph16) {
+          std::printf("| %d | %d | %lld | %s | %.1f | %.4f | %.1f%% | %d | %.4f | %.1f%% | %.2f |\n", D, B,
+                      static_cast<long long>(T), name, bytes / 1e6, one, 100 * bytes / (one * 1e-3) / bw, layers, graph,
+                      100 * bytes / (graph * 1e-3) / bw, graph16 / graph);
+        };
+        const double t16 = time_ms(reps, [&] { cuda::attend_dense_fp16(q, ks[0], vs[0], out, B, Hq, Hkv, 1, T, D, D, scale); });
+        const double g16 = graph_ms(L16, reps, [&](int l, cudaStream_t s) {
+          cuda::attend_dense_fp16(q, ks[l], vs[l], out, B, Hq, Hkv, 1, T, D, D, scale, 0, s);
+        });
+        row("fp16", fp16_bytes, t16, L16, g16, g16);
+        for (const Setting& st : {kSettings[0], kSettings[2]}) {
+          Config cfg = make_config(st);
+          cfg.head_dim = D;
+          std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+          auto grow = [&](int layers) {
+            while (static_cast<int>(caches.size()) < layers) {
+              caches.push_back(std::make_unique<cuda::DeviceCache>(cfg, B, Hkv, D, T));
+              caches.back()->append_device(ks[0], vs[0], T);
+            }
+            CHECK(cudaDeviceSynchronize());
+          };
+          grow(1);
+          const double bytes = static_cast<double>(caches[0]->bytes_read_per_step());
+          const int L = stack_layers(bytes);
+          grow(L);
+          const double tq = time_ms(reps, [&] { caches[0]->attend_device(q, Hq, 1, scale, out); });
+          const double gq = graph_ms(L, reps, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, Hq, 1, scale, out, 0, s); });
+          row(st.name, bytes, tq, L, gq, g16);
+        }
+        std::fflush(stdout);
+        for (int l = 0; l < L16; ++l) {
+          CHECK(cudaFree(ks[l]));
+          CHECK(cudaFree(vs[l]));
+        }
+        CHECK(cudaFree(q));
+        CHECK(cudaFree(out));
+      }
+}
+
 int main(int argc, char** argv) {
   using ShapeMode = void (*)(int, int, std::int64_t, const Setting&);
   const std::pair<const char*, ShapeMode> modes[] = {{"--one", one},
@@ -661,6 +736,10 @@ int main(int argc, char** argv) {
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {
     read_floor();
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--head-dims") == 0) {
+    head_dims_table();
     return 0;
   }
   bool quick = false, scale = true, flush_only = false, scale_only = false;

@@ -24,6 +24,7 @@ echo "== benchmarks"
 "$bin/bench_cuda" $quick > "$out/bench_cuda.txt" 2>&1; echo "bench_cuda exit $?"
 SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
 python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
+[ -z "$quick" ] && { "$bin/bench_cuda" --head-dims > "$out/bench_head_dims.txt" 2>&1; echo "bench_cuda --head-dims exit $?"; }
 # The test runs are independent of each other: they go to the GPU together
 # (background jobs, each with its own output file; a full sequential pass took
 # about nine minutes, near a device call's ten), and their summaries print in
@@ -36,7 +37,7 @@ job() {  # job NAME COMMAND...: COMMAND in the background, its output into $out/
 tests="$bin/skvq_tests"
 sanitize=(compute-sanitizer --error-exitcode 3 --tool)
 job tests "$tests" --gtest_filter='Cuda*:Attend*:SpecCases*'
-for m in fast rs imma tmma; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
+for m in fast rs imma tmma general; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
 job tests_tmma_noone env SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$tests" --gtest_filter='Cuda*'
 job tests_nopair env SKVQ_CUDA_TMMA_PAIR=0 "$tests" --gtest_filter='Cuda*'
 job tests_pairall env SKVQ_CUDA_TMMA_PAIR=1 "$tests" --gtest_filter='Cuda*'
@@ -53,6 +54,7 @@ job memcheck "${sanitize[@]}" memcheck "$tests" --gtest_filter='Cuda*'
 job initcheck "${sanitize[@]}" initcheck "$tests" --gtest_filter='Cuda*'
 job racecheck "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.Flush*'
 job racecheck_claims env SKVQ_CUDA_BALANCE=64 "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.ClaimedTiles*'
+job racecheck_general "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.OtherHeadDims*:Cuda.DenseFp16*'
 wait
 echo "(the tests and sanitizers ran side by side in $(( $(date +%s) - t0 )) s)"
 summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt that say how it went
@@ -60,7 +62,7 @@ summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt 
   grep -E "${3:-Failure|FAILED|PASSED}" "$out/$2.txt" | head -n "${4:-10}"
 }
 summary "GPU tests" tests "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" 30
-for m in fast rs imma tmma; do
+for m in fast rs imma tmma general; do
   summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m"
 done
 summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone
@@ -81,7 +83,9 @@ echo "== compute-sanitizer initcheck and racecheck"
 tail -n 1 "$out/initcheck.txt"
 tail -n 1 "$out/racecheck.txt"
 tail -n 1 "$out/racecheck_claims.txt"
+tail -n 1 "$out/racecheck_general.txt"
 echo "== benchmark results (measured first, above)"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
+[ -f "$out/bench_head_dims.txt" ] && grep -E "^\| (D|16|64|256) " "$out/bench_head_dims.txt"
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -702,6 +703,69 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
   }
 }
 
+// Head dims other than 128 (keys and values each their own) and pairs of code widths outside the
+// tuned kernels' six go through the general-shape path (attend_general.cu); the flush is the same
+// kernel at every head dim. After every append each cache is the CPU cache bit for bit (codes,
+// metadata, permutations, sinks, tail), and its attention (grouped-query, decode and prefill rows)
+// is within expect_close's bound of the CPU reference. The cases cover one group a row (groups
+// wider than the row: padded), ragged last groups, every metadata mode, reorder off, sinks and
+// none, one clip factor, and each width of the general kernel's lanes (16 to 256 channels).
+struct ShapeCase {
+  Config cfg;
+  std::int64_t Dv, B, H;
+  std::vector<std::int64_t> calls;  // token counts per append
+};
+
+TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
+  REQUIRE_GPU();
+  auto cfg = [](int D, int window, int n_sink, int group, int bk, int bv, MetaType meta, bool reorder = true) {
+    Config c = gpu_config(window, n_sink, group, bk, bv, meta, reorder);
+    c.head_dim = D;
+    return c;
+  };
+  const std::vector<ShapeCase> shape_cases = {
+      {cfg(16, 16, 2, 32, 2, 2, MetaType::fp16), 16, 1, 2, {5, 95}},  // babyllama's head dim, a padded group
+      {cfg(16, 32, 4, 16, 4, 4, MetaType::fp8_e4m3), 48, 2, 1, {90}},
+      {cfg(32, 64, 3, 16, 1, 1, MetaType::fp32), 32, 1, 3, {64, 136}},
+      {cfg(48, 16, 0, 16, 8, 8, MetaType::fp16, false), 48, 1, 2, {1, 69}},
+      {cfg(64, 128, 5, 32, 2, 2, MetaType::fp16), 64, 2, 2, {300, 1, 99}},
+      {cfg(64, 64, 5, 64, 4, 2, MetaType::fp16), 128, 1, 2, {200}},
+      {cfg(96, 80, 7, 64, 2, 4, MetaType::fp8_e4m3), 96, 1, 2, {250}},  // 96 = 64 + a ragged 32
+      {no_search(cfg(80, 32, 2, 16, 4, 4, MetaType::fp16), 0.9f), 80, 1, 2, {100}},
+      {cfg(128, 64, 5, 32, 2, 8, MetaType::fp16), 128, 1, 2, {300}},  // head dim 128, widths (2, 8)
+      {cfg(128, 16, 2, 128, 1, 4, MetaType::fp32), 128, 1, 1, {60}},
+      {cfg(256, 64, 5, 128, 2, 2, MetaType::fp16), 256, 1, 2, {200, 100}},
+      {cfg(256, 32, 1, 256, 4, 4, MetaType::fp32), 160, 1, 1, {100}},
+  };
+  std::uint32_t seed = 900;
+  for (const ShapeCase& c : shape_cases) {
+    const std::int64_t D = c.cfg.head_dim, S = std::accumulate(c.calls.begin(), c.calls.end(), std::int64_t{0});
+    const std::string what = "D " + std::to_string(D) + " Dv " + std::to_string(c.Dv) + " window " + std::to_string(c.cfg.window);
+    Tensor k = randn({c.B, c.H, S, D}, seed++, DType::f16, true), v = randn({c.B, c.H, S, c.Dv}, seed++, DType::f16, true);
+    SkvqCache cpu(c.cfg);
+    cuda::DeviceCache gpu(c.cfg, c.B, c.H, c.Dv, S);
+    std::int64_t t = 0;
+    for (std::int64_t n : c.calls) {
+      cpu.append(k.view().slice_tokens(t, n), v.view().slice_tokens(t, n));
+      gpu.append(k.view().slice_tokens(t, n), v.view().slice_tokens(t, n));
+      t += n;
+      ASSERT_TRUE(gpu.to_host().same_state(cpu)) << what << " after " << t << " tokens";
+      for (std::int64_t G : {1, 3}) {
+        for (std::int64_t Sq : {1, 2, 5}) {
+          if (Sq > t) continue;
+          Tensor q = randn({c.B, c.H * G, Sq, D}, seed++, DType::f32);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+          const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
+          const Tensor got = gpu.attend(q.view(), scale);
+          ASSERT_EQ(got.shape()[3], c.Dv);
+          expect_close(cpu, q.view(), k.view().slice_tokens(0, t), v.view().slice_tokens(0, t), scale, got.view(), want.view(),
+                       what + " after " + std::to_string(t) + " G " + std::to_string(G) + " Sq " + std::to_string(Sq));
+        }
+      }
+    }
+  }
+}
+
 // The token-major kernel (3-4 query rows a KV head, and one in its one-row form) with 2-bit keys and
 // values and groups of 64 or 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks
 // of even and odd tile counts and of fewer than 16 (forced splits), sinks and causal limits inside a
@@ -807,12 +871,14 @@ TEST(Cuda, ClaimedTilesAcrossHeadsAndCalls) {
   }
 }
 
+// The project's fp16 kernel: head dim 128 (the tuned general kernel) and others (the general-shape path).
 TEST(Cuda, DenseFp16KernelMatchesReference) {
   REQUIRE_GPU();
-  for (std::int64_t T : {1, 77, 3000}) {
-    Tensor k = randn({2, 4, T, 128}, 11, DType::f16), v = randn({2, 4, T, 128}, 12, DType::f16);
-    Tensor q = randn({2, 8, 2 > T ? 1 : 2, 128}, 13, DType::f32);
-    Tensor want(DType::f32, {2, 8, q.shape()[2], 128});
+  for (const auto& [T, D, Dv] : {std::array<std::int64_t, 3>{1, 128, 128}, {77, 128, 128}, {3000, 128, 128}, {77, 64, 64},
+                                 {3000, 16, 48}, {500, 256, 256}}) {
+    Tensor k = randn({2, 4, T, D}, 11, DType::f16), v = randn({2, 4, T, Dv}, 12, DType::f16);
+    Tensor q = randn({2, 8, 2 > T ? 1 : 2, D}, 13, DType::f32);
+    Tensor want(DType::f32, {2, 8, q.shape()[2], Dv});
     ref::dense_attention(q.view(), k.view(), v.view(), 0.09f, want.view());
     void* dk = cuda::device_alloc(k.nbytes());
     void* dv = cuda::device_alloc(v.nbytes());
@@ -821,10 +887,10 @@ TEST(Cuda, DenseFp16KernelMatchesReference) {
     cuda::copy_to_device(dk, k.data(), k.nbytes());
     cuda::copy_to_device(dv, v.data(), v.nbytes());
     cuda::copy_to_device(dq, q.data(), q.nbytes());
-    cuda::attend_dense_fp16(dq, dk, dv, dout, 2, 8, 4, q.shape()[2], T, 128, 128, 0.09f);
+    cuda::attend_dense_fp16(dq, dk, dv, dout, 2, 8, 4, q.shape()[2], T, D, Dv, 0.09f);
     Tensor got(DType::f32, want.shape());
     cuda::copy_to_host(got.data(), dout, got.nbytes());
-    EXPECT_LT(rel_l2(got.view(), want.view()), 1e-5) << T;
+    EXPECT_LT(rel_l2(got.view(), want.view()), 1e-5) << T << " " << D << " " << Dv;
     for (void* p : {dk, dv, static_cast<void*>(dq), static_cast<void*>(dout)}) cuda::device_free(p);
   }
 }
@@ -834,9 +900,19 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
   if (cuda::available()) {
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 3, 3, MetaType::fp16), 1, 1, 128, 100), Error);
     Config c = gpu_config(128, 5, 128, 2, 2, MetaType::fp16);
+    c.head_dim = 72;  // head dims: multiples of 16 in [16, 256]
+    expect_error([&] { cuda::DeviceCache(c, 1, 1, 64, 100); }, {"head_dim=72", "multiple of 16"});
+    c.head_dim = 272;
+    expect_error([&] { cuda::DeviceCache(c, 1, 1, 64, 100); }, {"head_dim=272", "[16, 256]"});
     c.head_dim = 64;
-    EXPECT_THROW(cuda::DeviceCache(c, 1, 1, 64, 100), Error);
+    expect_error([&] { cuda::DeviceCache(c, 1, 1, 8, 100); }, {"v_head_dim=8"});
+    expect_error([&] { cuda::DeviceCache(gpu_config(128, 5, 128, 3, 2, MetaType::fp16), 1, 1, 128, 100); }, {"bits_key=3"});
+    expect_error([&] { cuda::DeviceCache(gpu_config(128, 5, 128, 2, 6, MetaType::fp16), 1, 1, 128, 100); }, {"bits_value=6"});
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 24, 2, 2, MetaType::fp16), 1, 1, 128, 100), Error);
+    c.group_size = 48;  // a multiple of 16: taken (the keys 48 + a ragged 16, the values 48 + 48 + 32)
+    EXPECT_EQ(cuda::DeviceCache(c, 1, 1, 128, 100).offset(), 0);
+    c.group_size = 72;  // not a multiple of 16, narrower than the values' rows
+    expect_error([&] { cuda::DeviceCache(c, 1, 1, 128, 100); }, {"group_size=72"});
     cuda::DeviceCache d(gpu_config(16, 2, 128, 2, 2, MetaType::fp16), 1, 1, 128, 20);
     Tensor k = randn({1, 1, 21, 128}, 1);
     EXPECT_THROW(d.append(k.view(), k.view()), Error);  // beyond capacity
@@ -936,11 +1012,16 @@ TEST(Cuda, HostCacheUploadConvertsAndRefuses) {
 
   expect_error([&] { cuda::DeviceCache d(SkvqCache(cfg), 100); }, {"empty", "offset=0"});
   expect_error([&] { cuda::DeviceCache d(from16, 76); }, {"capacity=76", "offset=77"});
-  Config c64 = cfg;
+  Config c72 = cfg;  // a head dim the GPU does not take (not a multiple of 16)
+  c72.head_dim = 72;
+  SkvqCache narrow(c72);
+  narrow.append(randn({1, 1, 40, 72}, 13).view(), randn({1, 1, 40, 72}, 14).view());
+  expect_error([&] { cuda::DeviceCache d(narrow, 100); }, {"head_dim=72"});
+  Config c64 = cfg;  // one it takes: the upload is the same cache
   c64.head_dim = 64;
-  SkvqCache narrow(c64);
-  narrow.append(randn({1, 1, 40, 64}, 13).view(), randn({1, 1, 40, 64}, 14).view());
-  expect_error([&] { cuda::DeviceCache d(narrow, 100); }, {"head_dim=64"});
+  SkvqCache small(c64);
+  small.append(randn({1, 2, 200, 64}, 15, DType::f16).view(), randn({1, 2, 200, 32}, 16, DType::f16).view());
+  EXPECT_TRUE(cuda::DeviceCache(small, 300).to_host().same_state(small));
   // fp32 metadata quantizes values past fp16's range; in the exact tail they cannot go to the GPU
   Tensor big = Tensor::copy_of(v32.view().slice_tokens(0, 70), DType::f32);
   big.view().set(1, 0, 66, 9, 1e6f);  // token 66: in the tail (q_end 64)
@@ -1078,44 +1159,42 @@ TEST(Cuda, ForkedCachesRepeatTheirEntries) {
   EXPECT_EQ(cuda::DeviceCache(moved, 100, 4).batch(), 4);
 }
 
-// The GPU cache under a real model: lm128 (shared data; head dim 128, two query heads a KV head)
-// reads WikiText, a prompt of 300 tokens in one piece (a prefill with two flushes) and then 200
-// tokens one at a time (decode steps, one more flush), with the default configuration. Each layer's
-// new keys and values go to a CPU cache and to a GPU cache; the model runs on the CPU cache's
-// attention (the reference kernel), and the GPU's attention of the same queries over the same rows
-// must agree with it within expect_close's bound at every layer and step. At the end every layer's
-// GPU cache holds the CPU cache's state bit for bit (permutations from real channel statistics,
-// the clip search on real groups).
-TEST(Cuda, RealModelAttentionMatchesTheCpuCache) {
-  REQUIRE_GPU();
+// The GPU cache under a real model reading WikiText: a prompt in one piece (a prefill with flushes)
+// and then tokens one at a time (decode steps, another flush). Each layer's new keys and values go
+// to a CPU cache and to a GPU cache; the model runs on the CPU cache's attention (the reference
+// kernel), and the GPU's attention of the same queries over the same rows must agree with it within
+// expect_close's bound at every layer and step. At the end every layer's GPU cache holds the CPU
+// cache's state bit for bit (permutations from real channel statistics, the clip search on real
+// groups). Skipped where the shared data is absent.
+void expect_model_matches(const std::string& name, Config cfg, std::int64_t prompt, std::int64_t tokens) {
   const std::filesystem::path data = SKVQ_SHARED_DATA;
-  if (!std::filesystem::exists(data / "lm128" / "model.bin")) GTEST_SKIP() << "no " << data / "lm128";
+  for (const std::filesystem::path& need : {data / name, data / "text/wikitext-test.raw.txt"}) {
+    if (!std::filesystem::exists(need)) GTEST_SKIP() << "no " << need;
+  }
   model::Tokenizer tok;
-  const model::Model m = model::load_model((data / "lm128/model.bin").string(), "", &tok);
+  const model::Model m = model::load_model((data / name).string(), "", &tok);
   std::ifstream f(data / "text/wikitext-test.raw.txt", std::ios::binary);
   std::string text(8192, '\0');
   f.read(text.data(), 8192);
   text.resize(static_cast<std::size_t>(f.gcount()));
   std::vector<int> toks = tok.encode(text.substr(3), true);  // (after the BOM)
-  constexpr std::int64_t kPrompt = 300, kTokens = 500;
-  ASSERT_GE(toks.size(), static_cast<std::size_t>(kTokens));
-  toks.resize(kTokens);
+  ASSERT_GE(toks.size(), static_cast<std::size_t>(tokens));
+  toks.resize(static_cast<std::size_t>(tokens));
   const model::Runner r(m);
-  const int L = m.cfg.n_layers, Hkv = m.cfg.n_kv_heads;
-  ASSERT_EQ(m.cfg.head_dim(), 128);
-  Config cfg;  // the defaults: K2V2, groups of 32, window 128, 5 sinks, reordered, searched
+  const int L = m.cfg.n_layers, Hkv = m.cfg.n_kv_heads, D = m.cfg.head_dim();
+  cfg.head_dim = D;
   cfg.dense_view = false;
-  const float scale = 1.0f / std::sqrt(128.0f);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   std::vector<SkvqCache> cpu(static_cast<std::size_t>(L), SkvqCache(cfg));
   std::vector<cuda::DeviceCache> gpu;
   std::vector<Tensor> ks, vs;  // each layer's rows so far (expect_close's magnitudes)
   for (int l = 0; l < L; ++l) {
-    gpu.emplace_back(cfg, 1, Hkv, 128, kTokens);
-    ks.emplace_back(DType::f16, Shape4{1, Hkv, kTokens, 128});
-    vs.emplace_back(DType::f16, Shape4{1, Hkv, kTokens, 128});
+    gpu.emplace_back(cfg, 1, Hkv, D, tokens);
+    ks.emplace_back(DType::f16, Shape4{1, Hkv, tokens, D});
+    vs.emplace_back(DType::f16, Shape4{1, Hkv, tokens, D});
   }
-  for (std::int64_t t = 0; t < kTokens;) {
-    const std::int64_t n = t == 0 ? kPrompt : 1;
+  for (std::int64_t t = 0; t < tokens;) {
+    const std::int64_t n = t == 0 ? prompt : 1;
     r.forward_with(std::span<const int>(toks).subspan(static_cast<std::size_t>(t), static_cast<std::size_t>(n)), t,
                    [&](int l, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out) {
                      const auto li = static_cast<std::size_t>(l);
@@ -1125,7 +1204,7 @@ TEST(Cuda, RealModelAttentionMatchesTheCpuCache) {
                      gpu[li].append(k.view(), v.view());
                      const Tensor want = attend(cpu[li], q.view(), scale, AttendOptions{Kernel::reference, 1});
                      const Tensor got = gpu[li].attend(q.view(), scale);
-                     const std::string what = "layer " + std::to_string(l) + ", tokens [" + std::to_string(t) + ", " +
+                     const std::string what = name + " layer " + std::to_string(l) + ", tokens [" + std::to_string(t) + ", " +
                                               std::to_string(t + n) + ")";
                      expect_close(cpu[li], q.view(), ks[li].view().slice_tokens(0, t + n), vs[li].view().slice_tokens(0, t + n),
                                   scale, got.view(), want.view(), what);
@@ -1135,9 +1214,27 @@ TEST(Cuda, RealModelAttentionMatchesTheCpuCache) {
     if (::testing::Test::HasFailure()) break;
   }
   for (int l = 0; l < L; ++l) {
-    EXPECT_GT(cpu[static_cast<std::size_t>(l)].q_end(), kPrompt) << "layer " << l;  // a flush while decoding
-    EXPECT_TRUE(gpu[static_cast<std::size_t>(l)].to_host().same_state(cpu[static_cast<std::size_t>(l)])) << "layer " << l;
+    EXPECT_GT(cpu[static_cast<std::size_t>(l)].q_end(), prompt) << name << " layer " << l;  // a flush while decoding
+    EXPECT_TRUE(gpu[static_cast<std::size_t>(l)].to_host().same_state(cpu[static_cast<std::size_t>(l)])) << name << " layer " << l;
   }
+}
+
+// lm128 (head dim 128, two query heads a KV head) with the default configuration (K2V2, groups of
+// 32, window 128, 5 sinks, reordered, searched): 300 prompt tokens (two flushes), 200 decoded (one).
+TEST(Cuda, RealModelAttentionMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  expect_model_matches("lm128/model.bin", Config{}, 300, 500);
+}
+
+// babyllama (head dim 16, the general-shape path; two query heads a KV head): one group a row (the
+// default groups of 32 exceed the row: padded), window 32, so that its 256-token context flushes
+// three times in the 100-token prompt and four more while decoding.
+TEST(Cuda, SmallHeadModelAttentionMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  Config cfg;
+  cfg.window = 32;
+  cfg.n_sink = 4;
+  expect_model_matches("babyllama/model5000.bin", cfg, 100, 250);
 }
 
 // Caches move (a model's layers in a vector): the moved-to cache is the same cache, growing the

@@ -388,8 +388,8 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be >= 0"},
       {"generate --model " + model + " --prompt hi --device gpu", "--device gpu must be cpu or cuda"},
       {"generate --model " + model + " --prompt hi --device cuda", "--device cuda needs --cache skvq"},
-      // no GPU: the device's description; on a GPU: babyllama's head_dim=16
-      {"generate --model " + model + " --prompt hi --cache skvq --device cuda", "--device cuda: "},
+      // no GPU: the device's description; on a GPU: 3-bit codes, which the GPU flush does not take
+      {"generate --model " + model + " --prompt hi --cache skvq --set bits_key=3 --device cuda", "--device cuda: "},
       // outputs that cannot be written are refused before the work (one line on stderr: no generation
       // summary, no evaluation table), naming the flag and the path
       {"generate --model " + model + " --prompt hi --save-cache " + err + "/sub/c.st", "--save-cache " + err + "/sub/c.st: directory"},
@@ -455,14 +455,15 @@ TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
   REQUIRE_DATA();
   if (!cuda::available()) GTEST_SKIP() << cuda::device_description();
   const std::string model = (kData / "lm128/model.bin").string(), cli = SKVQ_CLI_PATH, file = tmp("gpu.safetensors");
-  const auto generate = [&](const std::string& args) {
+  const auto generate_with = [&](const std::string& model_path, const std::string& args) {
     const std::string out = tmp("gen.txt");
-    EXPECT_EQ(std::system((cli + " generate --model " + model + " " + args + " >" + out + " 2>/dev/null").c_str()), 0) << args;
+    EXPECT_EQ(std::system((cli + " generate --model " + model_path + " " + args + " >" + out + " 2>/dev/null").c_str()), 0) << args;
     std::ifstream o(out);
     std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
     fs::remove(out);
     return text;
   };
+  const auto generate = [&](const std::string& args) { return generate_with(model, args); };
   const std::string cpu = generate("--cache skvq --prompt 'The history of the' -n 200");
   EXPECT_GT(cpu.size(), std::string("The history of the").size() + 40);  // (78 tokens, then the end of text)
   EXPECT_EQ(generate("--cache skvq --device cuda --prompt 'The history of the' -n 200 --save-cache " + file), cpu);
@@ -470,6 +471,12 @@ TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
   EXPECT_GT(resumed.size(), 40u);
   EXPECT_EQ(generate("--load-cache " + file + " --device cuda --prompt ' In the' -n 60"), resumed);
   fs::remove(file);
+  // babyllama: head dim 16 (the GPU's general-shape path), small windows so that it flushes
+  const std::string baby_model = (kData / "babyllama/model5000.bin").string();
+  const std::string baby = "--cache skvq --set window=16 --set n_sink=2 --prompt 'Once upon a time' -n 120";
+  const std::string baby_cpu = generate_with(baby_model, baby);
+  EXPECT_GT(baby_cpu.size(), 100u);
+  EXPECT_EQ(generate_with(baby_model, baby + " --device cuda"), baby_cpu);
 }
 
 TEST(Model, ConvertAndInspectCommands) {

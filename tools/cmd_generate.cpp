@@ -205,7 +205,7 @@ void register_generate(CLI::App& app, CommandList& commands) {
   sub->add_option("--set", a->sets, "skvq config FIELD=VALUE");
   sub->add_option("--save-cache", a->save_cache, "save the conversation's cache to FILE when done");
   sub->add_option("--load-cache", a->load_cache, "resume from a cache FILE (the prompt continues it)");
-  sub->add_option("--device", a->device, "cpu, or cuda: the skvq cache and its attention on the GPU (head dim 128)")
+  sub->add_option("--device", a->device, "cpu, or cuda: the skvq cache and its attention on the GPU")
       ->capture_default_str();
   commands.emplace_back(sub, [a] { return run_generate(*a); });
 }

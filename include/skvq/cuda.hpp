@@ -31,11 +31,13 @@ std::string device_description();
 
 struct DeviceCacheImpl;
 
-// One layer's cache in device memory. Supported: head dims D = Dv = 128 (the
-// attention kernels' size), bits (key, value) (1,1) (2,2) (4,4) (8,8) (4,2)
-// (8,4), group_size a multiple of 16 (or >= D), every metadata mode; the
+// One layer's cache in device memory. Supported: head dims D and Dv each a
+// multiple of 16 in [16, 256], code widths of 1, 2, 4 or 8 bits a side,
+// group_size a multiple of 16 (or >= both head dims), every metadata mode; the
 // constructor refuses anything else with an error naming the field. Keys and
-// values are fp16.
+// values are fp16. The tuned attention kernels take D = Dv = 128 with bits
+// (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4); other shapes go through a
+// general-shape kernel (correct everywhere, not tuned: docs/performance.md).
 //
 // Device layout: window-sized slots, one per flushed chunk (rows of chunk 0
 // below n_sink unused), each holding for every (b, h) the rows' codes

@@ -8,6 +8,8 @@
 // kernel, which starts beside the pipelined one (programmatic dependent
 // launch) and merges everything. Caches whose window is not a multiple of
 // 64 (and the dense fp16 path) go through the general kernel, attn_kernel.
+// Head dims other than 128, and pairs of code widths outside with_bits' six,
+// go through the general-shape path of attend_general.cu.
 //
 // A block (128 threads) owns one (batch, kv head, token split) and up to NQ
 // query rows of that kv head. Its threads form 16 groups of 8 lanes; a group
@@ -3139,7 +3141,14 @@ int choose_splits(const AttnParams& p, int requested) {
 }
 
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
-  if (p.D != kD) throw Error("skvq: cuda attend supports head_dim 128 only, got " + std::to_string(p.D));
+  if (p.Dv == 0) p.Dv = p.D;
+  if (p.group_v == 0) p.group_v = p.group;
+  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
+  // Shapes the tuned kernels do not take go through the general path (attend_general.cu): head dims
+  // other than 128, pairs of code widths outside with_bits' six. SKVQ_CUDA_BODY=general sends every
+  // call there (tests, benchmarks).
+  static const bool general_forced = env_switch("SKVQ_CUDA_BODY") == "general";
+  const bool general = general_forced || p.D != kD || p.Dv != kD || (!dense && !with_bits(kb, vb, [](auto, auto) {}));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
     int sh = 0;
     while ((1LL << sh) < p.window) ++sh;
@@ -3151,7 +3160,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   // window, the exact sinks and tail in the combine kernel (which starts
   // beside the pipelined kernel: programmatic dependent launch); otherwise
   // everything through the general kernel, then the combine.
-  const bool fast = !dense && p.window % kPiece == 0 && p.q_end > 0;
+  const bool fast = !general && !dense && p.window % kPiece == 0 && p.q_end > 0;
   int fast_splits = 0;
   if (fast) {
     AttnParams body = p;
@@ -3167,10 +3176,6 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     p.split_len = (p.split_len + kGroups * kTile - 1) / (kGroups * kTile) * (kGroups * kTile);
     p.splits = static_cast<int>((p.kv_len + p.split_len - 1) / p.split_len);
   }
-  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
-  if (!dense && !with_bits(kb, vb, [](auto, auto) {}))
-    throw Error("skvq: cuda attend supports bits (key, value) in (1,1) (2,2) (4,4) (8,8) (4,2) (8,4), got (" +
-                std::to_string(kb) + ", " + std::to_string(vb) + ")");
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
   // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
   const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
@@ -3205,7 +3210,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   }
   // (a counter per KV head and body launch: launch_fast_rows moves each launch to its own)
   const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * fast_launches(p) : 0;
-  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + kD) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
+  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + p.Dv) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
   float* ws = w.ptr;
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
@@ -3216,6 +3221,10 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     // (all of them: the call that left them dirty may have used more than this one)
     if (w.buf->dirty) SKVQ_CUDA_CHECK(cudaMemsetAsync(p.claims, 0, w.buf->n_claims * sizeof(unsigned), stream));
     w.buf->dirty = true;  // until the combine kernel (which zeroes them again) is enqueued
+  }
+  if (general) {
+    launch_general(p, dense, out, stream);
+    return;
   }
   if (dense) {
     launch_rows<2, 2, true>(p, stream);

@@ -154,16 +154,16 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   config.validate();
   auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
   if (!available()) bad(device_description());
-  if (config.head_dim != 128) bad("head_dim=" + std::to_string(config.head_dim) + " is not supported on the GPU (128 only)");
-  if (v_head_dim != 128) bad("v_head_dim=" + std::to_string(v_head_dim) + " is not supported on the GPU (128 only)");
-  if (config.group_size % 16 != 0 && config.group_size < config.head_dim) {
-    bad("group_size=" + std::to_string(config.group_size) + " must be a multiple of 16 (or >= head_dim) on the GPU");
+  const std::string dims = " is not supported on the GPU (a multiple of 16 in [16, " + std::to_string(kGeneralMaxHeadDim) + "])";
+  if (!head_dim_supported(config.head_dim)) bad("head_dim=" + std::to_string(config.head_dim) + dims);
+  if (!head_dim_supported(v_head_dim)) bad("v_head_dim=" + std::to_string(v_head_dim) + dims);
+  if (config.group_size % 16 != 0 && config.group_size < std::max<std::int64_t>(config.head_dim, v_head_dim)) {
+    bad("group_size=" + std::to_string(config.group_size) + " must be a multiple of 16 (or >= the head dims) on the GPU");
   }
-  const std::pair<int, int> kv{config.bits_key, config.bits_value};
-  const std::vector<std::pair<int, int>> ok{{1, 1}, {2, 2}, {4, 4}, {8, 8}, {4, 2}, {8, 4}};
-  if (std::find(ok.begin(), ok.end(), kv) == ok.end()) {
-    bad("bits (key, value) = (" + std::to_string(kv.first) + ", " + std::to_string(kv.second) +
-        ") are not supported on the GPU: (1,1) (2,2) (4,4) (8,8) (4,2) (8,4)");
+  for (const auto& [name, bits] : {std::pair<const char*, int>{"bits_key", config.bits_key}, {"bits_value", config.bits_value}}) {
+    if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
+      bad(std::string(name) + "=" + std::to_string(bits) + " is not supported on the GPU (1, 2, 4 or 8)");
+    }
   }
   if (batch < 1 || num_kv_heads < 1) bad("batch and num_kv_heads must be >= 1");
   if (capacity < 1) bad("capacity=" + std::to_string(capacity) + " must be >= 1");
@@ -586,7 +586,9 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
   p.Hkv = static_cast<int>(d.H);
   p.Sq = static_cast<int>(sq);
   p.D = d.k.D;
+  p.Dv = d.v.D;
   p.group = std::min(d.cfg.group_size, d.k.D);
+  p.group_v = std::min(d.cfg.group_size, d.v.D);
   p.meta = static_cast<int>(d.cfg.metadata);
   p.meta_bytes = meta_bytes(d.cfg.metadata);
   p.window = d.cfg.window;
@@ -715,7 +717,10 @@ SkvqCache DeviceCache::to_host() const {
 void attend_dense_fp16(const float* q, const void* k, const void* v, float* out, std::int64_t batch,
                        std::int64_t num_q_heads, std::int64_t num_kv_heads, std::int64_t sq, std::int64_t kv_len,
                        std::int64_t head_dim, std::int64_t v_head_dim, float scale, int num_splits, Stream stream) {
-  if (head_dim != 128 || v_head_dim != 128) throw Error("skvq: cuda attend_dense_fp16 supports head_dim 128 only");
+  if (!general_shape_supported(head_dim, v_head_dim)) {
+    throw Error("skvq: cuda attend_dense_fp16: head_dim=" + std::to_string(head_dim) + ", v_head_dim=" + std::to_string(v_head_dim) +
+                ": each must be a multiple of 16 in [16, " + std::to_string(kGeneralMaxHeadDim) + "]");
+  }
   if (num_kv_heads < 1 || num_q_heads % num_kv_heads != 0 || sq < 1 || sq > kv_len) {
     throw Error("skvq: cuda attend_dense_fp16: inconsistent shapes");
   }
@@ -728,7 +733,8 @@ void attend_dense_fp16(const float* q, const void* k, const void* v, float* out,
   p.Hkv = static_cast<int>(num_kv_heads);
   p.Sq = static_cast<int>(sq);
   p.D = static_cast<int>(head_dim);
-  p.group = 128;
+  p.Dv = static_cast<int>(v_head_dim);
+  p.group = p.D;
   p.kv_len = kv_len;
   p.q_end = 0;
   p.sinks = 0;

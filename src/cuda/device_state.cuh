@@ -27,12 +27,14 @@ struct AttnParams {
   const float* q = nullptr;   // [B, Hq, Sq, D] fp32
   float* ws_m = nullptr;      // [B*Hq*Sq][splits]
   float* ws_l = nullptr;      // [B*Hq*Sq][splits]
-  float* ws_acc = nullptr;    // [B*Hq*Sq][splits][D] in the values' permuted order
+  float* ws_acc = nullptr;    // [B*Hq*Sq][splits][Dv] in the values' permuted order
   DevSide k, v;
   const __half* dense_k = nullptr;  // dense mode: [B, Hkv, T, D]
   const __half* dense_v = nullptr;
   int B = 0, Hq = 0, Hkv = 0, Sq = 0, D = 0;
-  int group = 0, meta = 0, meta_bytes = 0, window = 0;
+  int Dv = 0;  // the values' head dim (0: D)
+  int group = 0, meta = 0, meta_bytes = 0, window = 0;  // group: the keys' metadata group, min(group_size, D)
+  int group_v = 0;  // the values' metadata group, min(group_size, Dv) (0: group)
   std::int64_t sinks = 0, q_end = 0, kv_len = 0;  // [0, sinks) exact, [sinks, q_end) packed, [q_end, kv_len) tail
   float scale = 1.0f;
   unsigned long long div_magic = 1;  // t / window == (t * div_magic) >> div_shift

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/device_state.cuh"
 
 namespace skvq::cuda {
@@ -11,6 +13,14 @@ namespace skvq::cuda {
 void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
 int choose_splits(const AttnParams& p, int requested);
 bool mma_enabled();
+// The general attention path (attend_general.cu): head dims other than 128 and the code widths the
+// tuned kernels do not take; every token of a split in one kernel, then its own combine. Head dims
+// D and Dv each a multiple of 16 in [16, kGeneralMaxHeadDim]. p's splits, split_len and workspace
+// set by run_attention.
+constexpr int kGeneralMaxHeadDim = 256;
+bool head_dim_supported(std::int64_t d);  // a multiple of 16 in [16, kGeneralMaxHeadDim]
+bool general_shape_supported(std::int64_t D, std::int64_t Dv);
+void launch_general(const AttnParams& p, bool dense, float* out, cudaStream_t stream);
 
 // Flush parameters: n_chunks whole windows of fp16 rows read from `src`
 // ([B, H, src_tokens, D], token t of the window c at row first + c * window + t).
