@@ -257,6 +257,29 @@ void flush_table(double bw, bool quick) {
   CHECK(cudaFree(v));
 }
 
+// The fp16 keys and values of a decode table's shape: layer 0's random, the graph's other layers
+// copies of them (their own memory: cold L2), freed with the holder.
+struct Fp16Layers {
+  std::vector<__half*> ks, vs;
+  Fp16Layers(std::size_t n, int layers, std::uint32_t kseed, std::uint32_t vseed) : ks(layers), vs(layers) {
+    for (int l = 0; l < layers; ++l) {
+      CHECK(cudaMalloc(&ks[l], n * 2));
+      CHECK(cudaMalloc(&vs[l], n * 2));
+    }
+    random_half(ks[0], n, kseed);
+    random_half(vs[0], n, vseed);
+    for (int l = 1; l < layers; ++l) {
+      CHECK(cudaMemcpy(ks[l], ks[0], n * 2, cudaMemcpyDeviceToDevice));
+      CHECK(cudaMemcpy(vs[l], vs[0], n * 2, cudaMemcpyDeviceToDevice));
+    }
+  }
+  ~Fp16Layers() {
+    for (std::size_t l = 0; l < ks.size(); ++l) cudaFree(ks[l]), cudaFree(vs[l]);
+  }
+  Fp16Layers(const Fp16Layers&) = delete;
+  Fp16Layers& operator=(const Fp16Layers&) = delete;
+};
+
 void decode_table(double bw, bool quick) {
   std::printf("\n## Decode attention, one step: Hq=32, D=128, fp16 history, q fp32\n\n");
   std::printf("one call: a single call between two events (the host's enqueue included, L2 as the last call left it);\n"
@@ -272,22 +295,12 @@ void decode_table(double bw, bool quick) {
         const double fp16_bytes = 2.0 * B * Hkv * T * 128 * 2;
         if (fp16_bytes > 72e9) continue;  // leave room for the packed caches
         const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
-        // layer 0's keys and values, then the graph's other layers' copies
         const int L16 = stack_layers(fp16_bytes);
-        std::vector<__half*> ks(L16), vs(L16);
+        const Fp16Layers fp16(n, L16, static_cast<std::uint32_t>(T + B), static_cast<std::uint32_t>(T + Hkv));
+        const std::vector<__half*>&ks = fp16.ks, &vs = fp16.vs;
         float *q, *out;
-        for (int l = 0; l < L16; ++l) {
-          CHECK(cudaMalloc(&ks[l], n * 2));
-          CHECK(cudaMalloc(&vs[l], n * 2));
-        }
         CHECK(cudaMalloc(&q, static_cast<std::size_t>(B) * 32 * 128 * 4));
         CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
-        random_half(ks[0], n, static_cast<std::uint32_t>(T + B));
-        random_half(vs[0], n, static_cast<std::uint32_t>(T + Hkv));
-        for (int l = 1; l < L16; ++l) {
-          CHECK(cudaMemcpy(ks[l], ks[0], n * 2, cudaMemcpyDeviceToDevice));
-          CHECK(cudaMemcpy(vs[l], vs[0], n * 2, cudaMemcpyDeviceToDevice));
-        }
         fill_random_f32<<<256, 256>>>(q, static_cast<std::size_t>(B) * 32 * 128, 5);
         const float scale = 1.0f / std::sqrt(128.0f);
         const int reps = T >= 131072 ? 20 : 50;
@@ -314,10 +327,6 @@ void decode_table(double bw, bool quick) {
           row(st.name, bytes, tq, L, gq, g16);
         }
         std::fflush(stdout);
-        for (int l = 0; l < L16; ++l) {
-          CHECK(cudaFree(ks[l]));
-          CHECK(cudaFree(vs[l]));
-        }
         CHECK(cudaFree(q));
         CHECK(cudaFree(out));
       }
@@ -640,17 +649,8 @@ void head_dims_table() {
         const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * D;
         const double fp16_bytes = 2.0 * n * 2;
         const int L16 = stack_layers(fp16_bytes);
-        std::vector<__half*> ks(L16), vs(L16);
-        for (int l = 0; l < L16; ++l) {
-          CHECK(cudaMalloc(&ks[l], n * 2));
-          CHECK(cudaMalloc(&vs[l], n * 2));
-        }
-        random_half(ks[0], n, static_cast<std::uint32_t>(T + B));
-        random_half(vs[0], n, static_cast<std::uint32_t>(T + D));
-        for (int l = 1; l < L16; ++l) {
-          CHECK(cudaMemcpy(ks[l], ks[0], n * 2, cudaMemcpyDeviceToDevice));
-          CHECK(cudaMemcpy(vs[l], vs[0], n * 2, cudaMemcpyDeviceToDevice));
-        }
+        const Fp16Layers fp16(n, L16, static_cast<std::uint32_t>(T + B), static_cast<std::uint32_t>(T + D));
+        const std::vector<__half*>&ks = fp16.ks, &vs = fp16.vs;
         float *q, *out;
         const std::size_t nq = static_cast<std::size_t>(B) * Hq * D;
         CHECK(cudaMalloc(&q, nq * 4));
@@ -688,10 +688,6 @@ void head_dims_table() {
           row(st.name, bytes, tq, L, gq, g16);
         }
         std::fflush(stdout);
-        for (int l = 0; l < L16; ++l) {
-          CHECK(cudaFree(ks[l]));
-          CHECK(cudaFree(vs[l]));
-        }
         CHECK(cudaFree(q));
         CHECK(cudaFree(out));
       }

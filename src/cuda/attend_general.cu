@@ -75,8 +75,11 @@ __device__ __forceinline__ float meta_value(unsigned bits) {
 
 // A packed row's channel c is lot + sct * f_c with sct = scale * 2^BITS and lot = lo - sct (the
 // form of attend.cu's float paths, which docs/numerics.md bounds).
+// raw: a lane's packed row as PackedLane::load gives it; f: its channels' f_c.
 template <int BITS, int META>
-__device__ __forceinline__ void packed_terms(const uint4& raw, float& lot, float& sct) {  // raw.z, raw.w: lo, scale as stored
+__device__ __forceinline__ void packed_terms(const uint4& raw, float (&f)[kC], float& lot, float& sct) {
+#pragma unroll
+  for (int c = 0; c < kC; ++c) f[c] = frac<BITS>(raw, c);
   sct = meta_value<META>(raw.w) * static_cast<float>(1 << BITS);
   lot = meta_value<META>(raw.z) - sct;
 }
@@ -214,11 +217,8 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
     for (int u = 0; u < U; ++u) {
       float part[NQ];
       if constexpr (PACKED) {
-        float f[kC];
-#pragma unroll
-        for (int c = 0; c < kC; ++c) f[c] = frac<KB>(kr[u], c);
-        float lot, sct;
-        packed_terms<KB, META>(kr[u], lot, sct);
+        float f[kC], lot, sct;
+        packed_terms<KB, META>(kr[u], f, lot, sct);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           float d = 0.0f;
@@ -274,11 +274,8 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if constexpr (PACKED) {
-        float f[kC];
-#pragma unroll
-        for (int c = 0; c < kC; ++c) f[c] = frac<VB>(vr[u], c);
-        float lot, sct;
-        packed_terms<VB, META>(vr[u], lot, sct);
+        float f[kC], lot, sct;
+        packed_terms<VB, META>(vr[u], f, lot, sct);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           const float ws = pw[u][n] * sct;
