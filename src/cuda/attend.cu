@@ -37,6 +37,7 @@
 #include "cuda/split_rule.hpp"
 #include "cuda/device_state.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/partials.cuh"
 #include "cuda/trace.hpp"
 
 namespace skvq::cuda {
@@ -95,12 +96,6 @@ struct LaneCodes {
     return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | one);
   }
 };
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // 2^-k, exact, from its exponent bits (0 <= k < 127): the place value of a code slice k bits up.
 __device__ __forceinline__ float pow2_neg(int k) { return __uint_as_float(static_cast<unsigned>(127 - k) << 23); }
@@ -527,36 +522,6 @@ __device__ __forceinline__ float group_sum(float v) {  // over the 8 lanes of a 
   return v;
 }
 
-// Merges n_parts partial softmax states per query row (max m, sum l, acc[kD])
-// held in shared memory as [part][row] and writes one partial per row of
-// this block to the workspace slot `out_split`.
-__device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, int n_parts,
-                                             int rows, const float* pm, const float* pl, const float* pacc) {
-  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
-  for (int e = threadIdx.x; e < rows * kD; e += blockDim.x) {
-    const int n = e / kD, j = e % kD;
-    const int row = row0 + n;
-    if (row >= n_rows) continue;
-    float M = -INFINITY;
-    for (int g = 0; g < n_parts; ++g) M = fmaxf(M, pm[g * rows + n]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int g = 0; g < n_parts; ++g) {
-        const float w = fast_exp2(pm[g * rows + n] - M);
-        L += pl[g * rows + n] * w;
-        A += pacc[(g * rows + n) * kD + j] * w;
-      }
-    }
-    const int gq = row / p.Sq, i = row % p.Sq;
-    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
-    if (j == 0) {
-      p.ws_m[qrow * p.splits + out_split] = M;
-      p.ws_l[qrow * p.splits + out_split] = L;
-    }
-    p.ws_acc[(qrow * p.splits + out_split) * kD + j] = A;
-  }
-}
-
 // Merges the block's 16 groups (each its own max, sum, accumulators) in
 // shared memory and writes one partial (max, sum, acc in the values' permuted
 // order) per query row to the workspace.
@@ -574,7 +539,7 @@ __device__ __forceinline__ void write_partial(const AttnParams& p, int row0, int
     }
   }
   __syncthreads();
-  store_merged(p, b, h, row0, out_split, kGroups, NQ, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, out_split, kGroups, NQ, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], kD);
 }
 
 template <int KB, int VB, int NQ, bool DENSE>
@@ -1553,7 +1518,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
         for (int i = 0; i < 2; ++i) sm_acc[warp][g][32 * vg + (8 * hh + 2 * t + i) * PV + mm] = acc[vg][hh * PV + mm][i] + lv;
   }
   __syncthreads();
-  store_merged(p, b, h, row0, split, 4, kImmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, kImmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], kD);
 }
 
 // ---- token-major integer tensor-core kernel (up to 4 query rows) ----
@@ -2224,7 +2189,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         sm_acc[warp][t][ch] = fmaf(acc[set][q][i], place, lacc[tmma_vgroup<GS, VB>(set)]);
       }
   __syncthreads();
-  store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, kTmmaRows, &sm_m[0][0], &sm_l[0][0], &sm_acc[0][0][0], kD);
   trace_block(trace::kBody, trace_t0, trace_t1, trace_tq, trace_tf, trace_tiles);
 }
 
@@ -2477,7 +2442,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
       wo[warp][gid][ch] = o[c][e] + lo_g;
     }
   __syncthreads();
-  store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0]);
+  store_merged(p, b, h, row0, split, 4, 8, &wm[0][0], &wl[0][0], &wo[0][0][0], kD);
 }
 
 // SKVQ_CUDA_PDL=0: the combine kernel launched after the body kernel as on

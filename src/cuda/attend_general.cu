@@ -26,6 +26,7 @@
 #include "cuda/common.cuh"
 #include "cuda/device_state.cuh"
 #include "cuda/kernels.cuh"
+#include "cuda/partials.cuh"
 
 namespace skvq::cuda {
 
@@ -39,12 +40,6 @@ constexpr int kC = 8;  // channels a lane
 template <int NQ>
 constexpr int tokens_at_once() {
   return NQ >= 4 ? 2 : 4;
-}
-
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // 1 + code_c / 2^BITS: the code moved into the top of a float's mantissa.
@@ -256,11 +251,11 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
         for (int u = 0; u < U; ++u) pw[u][n] = 0.0f;
         continue;
       }
-      const float corr = ex2(st.m[n] - mnew);
+      const float corr = fast_exp2(st.m[n] - mnew);
       float sum = 0.0f;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        pw[u][n] = ex2(s[u][n] - mnew);
+        pw[u][n] = fast_exp2(s[u][n] - mnew);
         sum += pw[u][n];
       }
       st.l[n] = fmaf(st.l[n], corr, sum);
@@ -352,23 +347,7 @@ __global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, i
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < NQ * Dv; e += kThreads) {
-    const int n = e / Dv, j = e - n * Dv, row = row0 + n;
-    if (row >= n_rows) continue;
-    float M = -INFINITY;
-    for (int g = 0; g < n_groups; ++g) M = fmaxf(M, sm_m[g * NQ + n]);
-    float L = 0.0f, A = 0.0f;
-    if (M != -INFINITY) {
-      for (int g = 0; g < n_groups; ++g) {
-        const float w = ex2(sm_m[g * NQ + n] - M);  // 0 for a group that saw nothing (-inf)
-        L = fmaf(sm_l[g * NQ + n], w, L);
-        A = fmaf(sm_acc[(g * NQ + n) * Dv + j], w, A);
-      }
-    }
-    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + row / p.Sq) * p.Sq + row % p.Sq;
-    if (j == 0) p.ws_m[qrow * p.splits + split] = M, p.ws_l[qrow * p.splits + split] = L;
-    p.ws_acc[(qrow * p.splits + split) * Dv + j] = A;
-  }
+  store_merged(p, b, h, row0, split, n_groups, NQ, sm_m, sm_l, sm_acc, Dv);
 }
 
 // One block per query row, a thread per value channel: the splits merged, the value permutation undone.
@@ -385,7 +364,7 @@ __global__ void __launch_bounds__(256) general_combine_kernel(const AttnParams p
   float L = 0.0f, A = 0.0f;
   for (int s = 0; s < p.splits; ++s) {
     if (ms[s] == -INFINITY) continue;
-    const float w = ex2(ms[s] - M);
+    const float w = fast_exp2(ms[s] - M);
     L = fmaf(ls[s], w, L);
     A = fmaf(acc[static_cast<std::int64_t>(s) * p.Dv], w, A);
   }

@@ -1,0 +1,48 @@
+// Device helpers shared by the attention kernels (attend.cu, attend_general.cu): the fast exp2 and
+// the merge of a block's partial softmax states into its split's workspace slot.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_state.cuh"
+
+namespace skvq::cuda {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Merges n_parts partial softmax states per query row (max m, sum l, acc[dv])
+// held in shared memory as [part][row] and writes one partial per row of
+// this block to the workspace slot `out_split` (dv: the accumulators a row,
+// the values' head dim).
+__device__ __forceinline__ void store_merged(const AttnParams& p, int b, int h, int row0, int out_split, int n_parts,
+                                             int rows, const float* pm, const float* pl, const float* pacc, int dv) {
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
+  for (int e = threadIdx.x; e < rows * dv; e += blockDim.x) {
+    const int n = e / dv, j = e % dv;
+    const int row = row0 + n;
+    if (row >= n_rows) continue;
+    float M = -INFINITY;
+    for (int g = 0; g < n_parts; ++g) M = fmaxf(M, pm[g * rows + n]);
+    float L = 0.0f, A = 0.0f;
+    if (M != -INFINITY) {
+      for (int g = 0; g < n_parts; ++g) {
+        const float w = fast_exp2(pm[g * rows + n] - M);
+        L += pl[g * rows + n] * w;
+        A += pacc[(g * rows + n) * dv + j] * w;
+      }
+    }
+    const int gq = row / p.Sq, i = row % p.Sq;
+    const std::int64_t qrow = (static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + i;
+    if (j == 0) {
+      p.ws_m[qrow * p.splits + out_split] = M;
+      p.ws_l[qrow * p.splits + out_split] = L;
+    }
+    p.ws_acc[(qrow * p.splits + out_split) * dv + j] = A;
+  }
+}
+
+}  // namespace skvq::cuda
