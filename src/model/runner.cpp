@@ -125,6 +125,13 @@ void check_tokens(std::span<const int> tokens, int V) {
   }
 }
 
+// The classifier over the last rows of h (n rows of the model's dim): all n (all_logits) or the
+// last alone, into out.
+void classify(const Model& m, const std::vector<float>& h, int n, bool all_logits, float* out) {
+  const int rows = all_logits ? n : 1;
+  matmul(h.data() + static_cast<std::size_t>(n - rows) * m.cfg.dim, m.classifier(), out, rows, m.cfg.dim, m.cfg.vocab_size);
+}
+
 }  // namespace
 
 std::vector<float> Runner::forward_with(std::span<const int> tokens, std::int64_t pos0, const Attention& attention,
@@ -133,10 +140,8 @@ std::vector<float> Runner::forward_with(std::span<const int> tokens, std::int64_
   check_tokens(tokens, c.vocab_size);
   if (pos0 < 0) throw Error("skvq: forward_with: pos0=" + std::to_string(pos0) + " must be >= 0");
   const std::vector<float> h = run_layers(m_, tokens, pos0, attention);
-  const int rows = all_logits ? static_cast<int>(tokens.size()) : 1;
-  std::vector<float> logits(static_cast<std::size_t>(rows) * c.vocab_size);
-  matmul(h.data() + (tokens.size() - static_cast<std::size_t>(rows)) * c.dim, m_.classifier(), logits.data(), rows, c.dim,
-         c.vocab_size);
+  std::vector<float> logits((all_logits ? tokens.size() : 1) * static_cast<std::size_t>(c.vocab_size));
+  classify(m_, h, static_cast<int>(tokens.size()), all_logits, logits.data());
   return logits;
 }
 
@@ -173,13 +178,7 @@ void Runner::forward_piece(std::span<const int> tokens, PromptCache& cache, floa
                                             lc.append(k.view(), v.view());
                                             attend(lc, q.view(), scale, out.view(), opts_);
                                           });
-  if (!want_logits) return;
-  const int n = static_cast<int>(tokens.size());
-  if (all_logits) {
-    matmul(h.data(), m_.classifier(), logits, n, c.dim, c.vocab_size);
-  } else {
-    matmul(h.data() + static_cast<std::size_t>(n - 1) * c.dim, m_.classifier(), logits, 1, c.dim, c.vocab_size);
-  }
+  if (want_logits) classify(m_, h, static_cast<int>(tokens.size()), all_logits, logits);
 }
 
 std::size_t piece_before_flush(std::size_t n, std::int64_t window, std::int64_t live) {
