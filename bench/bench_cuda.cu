@@ -6,7 +6,7 @@
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING]
-//        | --read-floor | --head-dims | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
+//        | --read-floor | --head-dims [D B T] | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -635,7 +635,7 @@ void trace_step(int B, int Hkv, std::int64_t T, const Setting& setting) {
 // SKVQ_CUDA_BODY=general): --head-dims. Hq = 32, Hkv = 8, K2V2 at groups of 32 and 128 against the
 // project's fp16 kernel at the same D (the general path too, where D != 128), each as one call and
 // per layer of a graph (cold L2), GB/s of the bytes each reads and its share of copy bandwidth.
-void head_dims_table() {
+void head_dims_table(int only_d = 0, int only_b = 0, std::int64_t only_t = 0) {
   const double bw = copy_bandwidth();
   std::printf("copy bandwidth (device to device, read + write): %.0f GB/s\n", bw / 1e9);
   const char* body = std::getenv("SKVQ_CUDA_BODY");
@@ -643,9 +643,10 @@ void head_dims_table() {
   std::printf("| D | B | kv_len | kernel | MB read | one call ms | %% copy bw | L | graph ms | %% copy bw | fp16 / this (graph) |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|\n");
   const int Hkv = 8, Hq = 32;
-  for (int D : {16, 64, 128, 256})
+  for (int D : {16, 32, 64, 96, 128, 256})
     for (int B : {1, 8})
       for (std::int64_t T : {std::int64_t{32768}, std::int64_t{131072}}) {
+        if ((only_d && D != only_d) || (only_b && B != only_b) || (only_t && T != only_t)) continue;
         const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * D;
         const double fp16_bytes = 2.0 * n * 2;
         const int L16 = stack_layers(fp16_bytes);
@@ -734,8 +735,9 @@ int main(int argc, char** argv) {
     read_floor();
     return 0;
   }
-  if (argc == 2 && std::strcmp(argv[1], "--head-dims") == 0) {
-    head_dims_table();
+  if ((argc == 2 || argc == 5) && std::strcmp(argv[1], "--head-dims") == 0) {
+    if (argc == 5) head_dims_table(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]));
+    else head_dims_table();
     return 0;
   }
   bool quick = false, scale = true, flush_only = false, scale_only = false;

@@ -25,6 +25,7 @@ echo "== benchmarks"
 SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 2>&1; echo "bench_cuda (tensor-core kernel) exit $?"
 python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
 [ -z "$quick" ] && { "$bin/bench_cuda" --head-dims > "$out/bench_head_dims.txt" 2>&1; echo "bench_cuda --head-dims exit $?"; }
+[ -z "$quick" ] && { SKVQ_CUDA_GENERAL=float "$bin/bench_cuda" --head-dims > "$out/bench_head_dims_float.txt" 2>&1; echo "bench_cuda --head-dims (float general kernel) exit $?"; }
 # The test runs are independent of each other: they go to the GPU together
 # (background jobs, each with its own output file; a full sequential pass took
 # about nine minutes, near a device call's ten), and their summaries print in
@@ -38,6 +39,8 @@ tests="$bin/skvq_tests"
 sanitize=(compute-sanitizer --error-exitcode 3 --tool)
 job tests "$tests" --gtest_filter='Cuda*:Attend*:SpecCases*'
 for m in fast rs imma tmma general; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
+job tests_general_float env SKVQ_CUDA_GENERAL=float "$tests" --gtest_filter='Cuda*'
+job tests_general_float_all env SKVQ_CUDA_GENERAL=float SKVQ_CUDA_BODY=general "$tests" --gtest_filter='Cuda*'
 job tests_tmma_noone env SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$tests" --gtest_filter='Cuda*'
 job tests_nopair env SKVQ_CUDA_TMMA_PAIR=0 "$tests" --gtest_filter='Cuda*'
 job tests_pairall env SKVQ_CUDA_TMMA_PAIR=1 "$tests" --gtest_filter='Cuda*'
@@ -54,7 +57,7 @@ job memcheck "${sanitize[@]}" memcheck "$tests" --gtest_filter='Cuda*'
 job initcheck "${sanitize[@]}" initcheck "$tests" --gtest_filter='Cuda*'
 job racecheck "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.Flush*'
 job racecheck_claims env SKVQ_CUDA_BALANCE=64 "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.ClaimedTiles*'
-job racecheck_general "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.OtherHeadDims*:Cuda.DenseFp16*'
+job racecheck_general "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.OtherHeadDims*:Cuda.DenseFp16*:Cuda.GeneralTensorCore*'
 wait
 echo "(the tests and sanitizers ran side by side in $(( $(date +%s) - t0 )) s)"
 summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt that say how it went
@@ -65,6 +68,8 @@ summary "GPU tests" tests "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKI
 for m in fast rs imma tmma general; do
   summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m"
 done
+summary "GPU tests, the general path's float kernel for every token (SKVQ_CUDA_GENERAL=float)" tests_general_float
+summary "GPU tests, every call through the general path's float kernel (SKVQ_CUDA_GENERAL=float SKVQ_CUDA_BODY=general)" tests_general_float_all
 summary "GPU tests, one query row through the token-major kernel's four-row form (SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0)" tests_tmma_noone
 summary "GPU tests, the token-major kernel one tile at a time (SKVQ_CUDA_TMMA_PAIR=0)" tests_nopair
 summary "GPU tests, tile pairs in blocks of any length (SKVQ_CUDA_TMMA_PAIR=1)" tests_pairall
@@ -86,6 +91,7 @@ tail -n 1 "$out/racecheck_claims.txt"
 tail -n 1 "$out/racecheck_general.txt"
 echo "== benchmark results (measured first, above)"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
-[ -f "$out/bench_head_dims.txt" ] && grep -E "^\| (D|16|64|256) " "$out/bench_head_dims.txt"
+[ -f "$out/bench_head_dims.txt" ] && grep -E "^\| (D|16|32|64|96|256) " "$out/bench_head_dims.txt"
+[ -f "$out/bench_head_dims_float.txt" ] && { echo "(the same, the general path's float kernel alone)"; grep -E "^\| (16|32|64|96|256) " "$out/bench_head_dims_float.txt"; }
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

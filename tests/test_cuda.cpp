@@ -670,7 +670,7 @@ TEST(Cuda, AttentionMatchesCpuReference) {
 // through the device entry point, against the CPU reference.
 void expect_splits_match(const SkvqCache& cpu, cuda::DeviceCache& gpu, const Tensor& k, const Tensor& v, std::int64_t len,
                          std::int64_t Hq, std::int64_t Sq, std::initializer_list<int> split_counts, const std::string& what) {
-  Tensor q = randn({1, Hq, Sq, 128}, static_cast<std::uint32_t>(len * 7 + Hq), DType::f32);
+  Tensor q = randn({1, Hq, Sq, k.shape()[3]}, static_cast<std::uint32_t>(len * 7 + Hq), DType::f32);
   const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 1});
   float* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
   float* dout = static_cast<float*>(cuda::device_alloc(want.nbytes()));
@@ -762,6 +762,55 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
                        what + " after " + std::to_string(t) + " G " + std::to_string(G) + " Sq " + std::to_string(Sq));
         }
       }
+    }
+  }
+}
+
+// The general path's tensor-core kernel (attend_tc.cu) takes the packed body at head dims 32, 64, 96
+// and 128 (keys and values alike, 128 only for widths outside the tuned kernels' six) with 2- and
+// 4-bit codes and metadata groups of 32, 64 or 128 that divide the row; the float kernel takes the
+// sinks and the tail as splits of their own. Each case: every metadata mode among them, reorder on
+// and off, sinks and none, one group a row and several, a group wider than the row (padded to it);
+// 1 to 12 query rows a KV head (12: two launches of 8 rows), decode and prefill rows (causal limits
+// inside a tile), the split count chosen and forced (1, 3 and 17 splits: splits of one tile a warp,
+// empty warps), after appends that end inside and at the end of a window. scripts/gpu.sh runs it also
+// under SKVQ_CUDA_GENERAL=float, where the float kernel takes every token.
+TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  struct Case {
+    int D, window, n_sink, group, bk, bv;
+    MetaType meta;
+    bool reorder;
+  };
+  const std::vector<Case> cases = {
+      {64, 128, 5, 32, 2, 2, MetaType::fp16, true},  // the default settings at head dim 64
+      {64, 64, 5, 64, 4, 2, MetaType::fp8_e4m3, true},
+      {64, 32, 0, 128, 2, 4, MetaType::fp32, false},  // a group wider than the row
+      {32, 16, 3, 32, 4, 4, MetaType::fp16, true},
+      {96, 48, 5, 32, 2, 2, MetaType::fp16, true},
+      {128, 128, 5, 32, 2, 4, MetaType::fp16, true},  // widths the tuned kernels do not take
+      {128, 64, 2, 128, 2, 4, MetaType::fp8_e4m3, true},
+      {128, 64, 5, 64, 4, 2, MetaType::fp32, true},
+  };
+  std::uint32_t seed = 4300;
+  for (const Case& c : cases) {
+    Config cfg = gpu_config(c.window, c.n_sink, c.group, c.bk, c.bv, c.meta, c.reorder);
+    cfg.head_dim = c.D;
+    const std::int64_t S = 3 * c.window + 37;
+    Tensor k = randn({1, 2, S, c.D}, seed++, DType::f16, true), v = randn({1, 2, S, c.D}, seed++, DType::f16, true);
+    SkvqCache cpu(cfg);
+    cuda::DeviceCache gpu(cfg, 1, 2, c.D, S);
+    std::int64_t fed = 0;
+    for (std::int64_t len : {static_cast<std::int64_t>(c.window) + 7, 3 * static_cast<std::int64_t>(c.window), S}) {
+      cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      fed = len;
+      const std::string what = "D " + std::to_string(c.D) + " window " + std::to_string(c.window) + " group " +
+                               std::to_string(c.group) + " K" + std::to_string(c.bk) + "V" + std::to_string(c.bv);
+      expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 3, 17}, what);  // 4 rows a KV head
+      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0, 3}, what);         // 1 row
+      expect_splits_match(cpu, gpu, k, v, len, 16, 1, {0}, what);           // 8 rows
+      expect_splits_match(cpu, gpu, k, v, len, 6, 4, {0, 3}, what);         // 12 rows, causal
     }
   }
 }

@@ -3135,6 +3135,8 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
     p.split_len = (p.split_len + kFastTile - 1) / kFastTile * kFastTile;
     fast_splits = static_cast<int>((p.q_end + p.split_len - 1) / p.split_len);
     p.splits = fast_splits;
+  } else if (general && !dense && tc_shape_ok(p)) {
+    plan_tc(p, requested_splits);  // the packed body through the general path's tensor-core kernel
   } else {
     p.splits = choose_splits(p, requested_splits);
     p.split_len = (p.kv_len + p.splits - 1) / p.splits;

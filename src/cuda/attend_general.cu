@@ -52,20 +52,14 @@ __device__ __forceinline__ float frac(const uint4& raw, int c) {  // raw.x, raw.
   return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | 0x3F800000u);
 }
 
-// A metadata value's bits as stored (META: 0 fp16, 1 fp32, 2 e4m3), and as a float. (The type is a
-// template argument: as a run-time value the compiler predicated all three conversions, e4m3's
-// included, for every value: twice the instructions a token.)
+// A metadata value's bits as stored (META: 0 fp16, 1 fp32, 2 e4m3); meta_value (common.cuh) makes
+// them a float. (The type is a template argument: as a run-time value the compiler predicated all
+// three conversions, e4m3's included, for every value: twice the instructions a token.)
 template <int META>
 __device__ __forceinline__ unsigned load_meta_bits(const unsigned char* at) {
   if constexpr (META == 1) return __ldg(reinterpret_cast<const unsigned*>(at));
   else if constexpr (META == 0) return __ldg(reinterpret_cast<const unsigned short*>(at));
   else return __ldg(at);
-}
-template <int META>
-__device__ __forceinline__ float meta_value(unsigned bits) {
-  if constexpr (META == 1) return __uint_as_float(bits);
-  else if constexpr (META == 0) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-  else return e4m3_to_float(static_cast<unsigned char>(bits));
 }
 
 // A packed row's channel c is lot + sct * f_c with sct = scale * 2^BITS and lot = lo - sct (the
@@ -293,9 +287,11 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
 
 // A block: one (split, kv head, batch) and up to NQ query rows; groups of 2^tpt_log2 lanes
 // (kC 2^tpt_log2 >= max(D, Dv)). The split's tokens in at most three runs of one kind each: sinks,
-// packed body, tail (dense input: one exact run).
+// packed body, tail (dense input: one exact run). With exact_base >= 0 the exact tokens alone
+// (the packed body goes through the tensor-core kernel, attend_tc.cu): block s takes tail tokens
+// [q_end + s exact_len, ..), block 0 the sinks too, into split exact_base + s.
 template <int KB, int VB, int META, int NQ, bool DENSE>
-__global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, int row0, int tpt_log2) {
+__global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, int row0, int tpt_log2, int exact_base) {
   extern __shared__ float sm[];  // maxima [groups][NQ], sums [groups][NQ], accumulators [groups][NQ][Dv]
   const int tpt = 1 << tpt_log2, n_groups = kThreads >> tpt_log2;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
@@ -325,7 +321,11 @@ __global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, i
   }
   const std::int64_t t_begin = static_cast<std::int64_t>(split) * p.split_len;
   const std::int64_t t_end = min(p.kv_len, t_begin + p.split_len);
-  if constexpr (DENSE) {
+  if (exact_base >= 0) {
+    const std::int64_t x0 = p.q_end + static_cast<std::int64_t>(split) * p.exact_len;
+    if (split == 0) take_tokens<KB, VB, META, NQ, false, false>(p, st, kperm, vperm, bh, 0, p.sinks, lane, grp, n_groups, tpt);
+    take_tokens<KB, VB, META, NQ, false, false>(p, st, kperm, vperm, bh, x0, min(p.kv_len, x0 + p.exact_len), lane, grp, n_groups, tpt);
+  } else if constexpr (DENSE) {
     take_tokens<KB, VB, META, NQ, false, true>(p, st, kperm, vperm, bh, t_begin, t_end, lane, grp, n_groups, tpt);
   } else {
     const std::int64_t body0 = max(t_begin, p.sinks), body1 = min(t_end, p.q_end);
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, i
     }
   }
   __syncthreads();
-  store_merged(p, b, h, row0, split, n_groups, NQ, sm_m, sm_l, sm_acc, Dv);
+  store_merged(p, b, h, row0, exact_base >= 0 ? exact_base + split : split, n_groups, NQ, sm_m, sm_l, sm_acc, Dv);
 }
 
 // One block per query row, a thread per value channel: the splits merged, the value permutation undone.
@@ -372,16 +372,17 @@ __global__ void __launch_bounds__(256) general_combine_kernel(const AttnParams p
   out[qrow * p.Dv + dst] = A / L;
 }
 
+// exact_base >= 0: the exact tokens alone, in splits [exact_base, p.splits) (general_kernel).
 template <int KB, int VB, int META, bool DENSE>
-void launch_general_rows(const AttnParams& p, cudaStream_t stream) {
-  const dim3 grid(p.splits, p.Hkv, p.B);
+void launch_general_rows(const AttnParams& p, cudaStream_t stream, int exact_base = -1) {
+  const dim3 grid(exact_base >= 0 ? p.splits - exact_base : p.splits, p.Hkv, p.B);
   const int n_rows = p.query_rows();
   int tpt_log2 = 0;  // lanes a token: a power of two with kC of them covering both rows
   while ((kC << tpt_log2) < std::max(p.D, p.Dv)) ++tpt_log2;
   auto launch = [&](auto kernel, int nq, int row) {
     const int smem = (kThreads >> tpt_log2) * nq * (2 + p.Dv) * static_cast<int>(sizeof(float));
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(p, row, tpt_log2);
+    kernel<<<grid, kThreads, smem, stream>>>(p, row, tpt_log2, exact_base);
     SKVQ_CUDA_LAUNCH_CHECK();
   };
   for (int row = 0; row < n_rows;) {
@@ -428,11 +429,14 @@ void launch_general(const AttnParams& p, bool dense, float* out, cudaStream_t st
   if (dense) {
     launch_general_rows<8, 8, 0, true>(p, stream);  // (the widths and the metadata type unused)
   } else {
+    // with the tensor-core kernel (plan_tc set body_splits) the float kernel takes the exact tokens
+    const int exact_base = p.body_splits > 0 ? p.body_splits : -1;
+    if (exact_base >= 0) launch_tc(p, stream);
     with_widths(p.k.bits, p.v.bits, [&](auto k, auto v) {
       constexpr int K = decltype(k)::value, V = decltype(v)::value;
-      if (p.meta == 0) launch_general_rows<K, V, 0, false>(p, stream);
-      else if (p.meta == 1) launch_general_rows<K, V, 1, false>(p, stream);
-      else launch_general_rows<K, V, 2, false>(p, stream);
+      if (p.meta == 0) launch_general_rows<K, V, 0, false>(p, stream, exact_base);
+      else if (p.meta == 1) launch_general_rows<K, V, 1, false>(p, stream, exact_base);
+      else launch_general_rows<K, V, 2, false>(p, stream, exact_base);
     });
   }
   const int threads = (p.Dv + 31) / 32 * 32;

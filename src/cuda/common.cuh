@@ -69,6 +69,15 @@ __device__ inline float e4m3_to_float(unsigned char b) {
   return (b & 0x80) ? -a : a;
 }
 
+// A metadata value from its stored bits (the low 16 of fp16's, the low 8 of e4m3's), the type a
+// template argument (META as meta_code).
+template <int META>
+__device__ __forceinline__ float meta_value(unsigned bits) {
+  if constexpr (META == 1) return __uint_as_float(bits);
+  else if constexpr (META == 0) return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  else return e4m3_to_float(static_cast<unsigned char>(bits));
+}
+
 __device__ inline float load_meta(const unsigned char* p, int meta) {
   if (meta == 0) return __half2float(*reinterpret_cast<const __half*>(p));
   if (meta == 1) return *reinterpret_cast<const float*>(p);

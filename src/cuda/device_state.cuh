@@ -54,6 +54,11 @@ struct AttnParams {
   unsigned* claims = nullptr;
   int n_claims = 0, chunk_tiles = 0, balance = 0, head_tiles = 0, head_chunks = 0;
   int big_chunks = 0, small_tiles = 0, small_base = 0;
+  // The general path's tensor-core kernel (attend_tc.cu): splits [0, body_splits) of the packed
+  // body, split_len tokens each; the exact sinks and tail in splits [body_splits, splits), exact_len
+  // tail tokens each (the first also the sinks). body_splits = 0: not that kernel.
+  int body_splits = 0;
+  std::int64_t exact_len = 0;
   // query rows a KV head serves: its Hq / Hkv query heads times Sq rows each
   __host__ __device__ int query_rows() const { return (Hq / Hkv) * Sq; }
 };

@@ -1,0 +1,591 @@
+// The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
+// kernels of attend.cu do not take (32, 64, 96; 128 with code widths outside their six), where
+// attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
+// token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
+//
+// A block (4 warps) owns one (batch, kv head, split of the packed body) and up to 8 query rows;
+// each warp takes tiles of 16 tokens of the split in turn, the next tile's loads issued before
+// the current one is used, and keeps its own online softmax; the warps merge at the end
+// (store_merged). The exact sinks and tail go through the float kernel as splits of their own
+// (launch_general_exact), and the general combine merges them all.
+//
+// Scores: one mma.sync m16n8k16 (fp16 in, fp32 sums) a k-step of 16 channels and 8 tokens. A rows
+// 0-7 are the query rows, rows 8-15 the same rows' low parts: q (times the softmax scale, log2
+// units) is scaled by a power of two so that max |q| of the row is below 1, then split into
+// h = RN16(q) and RN16(q - h), which carry it to about 2^-22 of itself (docs/numerics.md), and the
+// two rows' sums are added. B is the keys' codes as fp16 f = 1 + c / 2^KB (the code moved into the
+// mantissa: exact), so a token's score is sum over its metadata groups of
+// sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A k-step's 16 channels lie in one
+// group; which 4 of them a lane holds is free (q is placed to match).
+// Values: one mma.sync m16n8k16 (bf16 in, fp32 sums) a value metadata group, 16 tokens and 8
+// channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
+// g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the
+// values' codes as bf16 f = 1 + c / 2^VB (exact for VB <= 7); sum(p lot) goes alongside in float.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <cuda_bf16.h>
+
+#include "cuda/common.cuh"
+#include "cuda/device_state.cuh"
+#include "cuda/kernels.cuh"
+#include "cuda/partials.cuh"
+
+namespace skvq::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTok = 16;    // tokens a warp's tile
+constexpr int kRows = 8;    // query rows a launch (A rows 0-7, their low parts 8-15)
+constexpr int kMinTileSplit = 4 * kWarps * kTok;  // a split holds at least 4 tiles a warp
+
+// BYTES bytes from p (aligned to the largest power of two, up to 16, that divides BYTES) as words;
+// a trailing part word holds the last 1-3 bytes in its low bits.
+template <int BYTES>
+struct Raw {
+  static constexpr int kWords = (BYTES + 3) / 4;
+  unsigned w[kWords];
+  __device__ __forceinline__ void load(const unsigned char* p) {
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else if constexpr (BYTES % 8 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 8; ++i) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+        w[2 * i] = v.x, w[2 * i + 1] = v.y;
+      }
+    } else if constexpr (BYTES % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 4; ++i) w[i] = __ldg(reinterpret_cast<const unsigned*>(p) + i);
+    } else if constexpr (BYTES % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+      for (int i = 0; i < BYTES / 2; ++i) w[i / 2] |= static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i % 2));
+    } else {
+      static_assert(BYTES == 1, "1, 2, 4k bytes");
+      w[0] = __ldg(p);
+    }
+  }
+  // element e of size `size` bytes (1, 2 or 4), as unsigned
+  template <int SIZE>
+  __device__ __forceinline__ unsigned elem(int e) const {
+    if constexpr (SIZE == 4) return w[e];
+    else if constexpr (SIZE == 2) return (w[e / 2] >> (16 * (e % 2))) & 0xFFFFu;
+    else return (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
+  }
+};
+
+// D += A B, m16n8k16, fp32 sums: fp16 inputs (scores), bf16 inputs (values).
+__device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// x shifted left by s (right by -s), s a compile-time constant
+template <int S>
+__device__ __forceinline__ unsigned shift(unsigned x) {
+  if constexpr (S >= 0) return x << S;
+  else return x >> (-S);
+}
+
+// The two bf16 parts of (x0, x1): hi = RN(x), lo = RN(x - hi) (the subtraction exact), as the A
+// registers' pairs (x0 in the low half).
+__device__ __forceinline__ void split_bf16(float x0, float x1, unsigned& hi, unsigned& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  // (the two halves back to float: a bf16 is a float's top 16 bits)
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __uint_as_float(hi << 16), x1 - __uint_as_float(hi & 0xFFFF0000u));
+  lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
+// A constant the compiler cannot see, so that (x & mask) | c stays one LOP3 with the mask its one
+// immediate (with both immediates it took an AND and an OR).
+template <unsigned C>
+__device__ __forceinline__ unsigned opaque() {
+  unsigned r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "n"(C));
+  return r;
+}
+
+// Key k-step ks of a row (codes LSB first, channel c at bit c KB): lane t's B registers
+// b0 = channels (2t, 2t + 8), b1 = (2t + 1, 2t + 9) of the k-step's 16, as fp16 1 + c / 2^KB
+// (one: fp16 1.0 twice, opaque). A's registers carry q at the same channels: a0 (k 2t, 2t + 1) =
+// channels 2t, 2t + 8 and a2 (k 2t + 8, 2t + 9) = channels 2t + 1, 2t + 9 (key_channel).
+// 2-bit: a word a k-step, the codes 2t, 8 + 2t at bits 4t, 16 + 4t; a rotation right by r0 = 4t + 24
+// (r1 = 4t + 26 for 2t + 1, 9 + 2t) puts them at bits 8 and 24 at once. 4-bit: two words a k-step,
+// byte t of each moved to bytes 0 and 2 (sel), then shifted.
+template <int KB, int WORDS>
+__device__ __forceinline__ void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one,
+                                         unsigned& b0, unsigned& b1) {
+  if constexpr (KB == 2) {
+    b0 = (__funnelshift_r(w[ks], w[ks], r0) & 0x03000300u) | one;
+    b1 = (__funnelshift_r(w[ks], w[ks], r1) & 0x03000300u) | one;
+  } else {
+    static_assert(KB == 4, "2- or 4-bit keys");
+    const unsigned x = __byte_perm(w[2 * ks], w[2 * ks + 1], sel);
+    b0 = ((x << 6) & 0x03C003C0u) | one;
+    b1 = ((x << 2) & 0x03C003C0u) | one;
+  }
+}
+// The channel (of the k-step's 16) that lane t's q slot j holds: j = 0, 1: a0's low and high
+// halves; j = 2, 3: a2's.
+__device__ __forceinline__ int key_channel(int t, int j) {
+  return 2 * t + (j == 1 ? 8 : j == 2 ? 1 : j == 3 ? 9 : 0);
+}
+
+// Value n-tile i of a metadata group: lane g's column is channel g * (GS / 8) + i of the group,
+// its chunk of the group (GS / 8 codes, bits [g GS / 8 VB, ..)). From the chunks of two tokens
+// (c0: the low half of the register, c1: the high), the bf16 pair 1 + c / 2^VB.
+template <int VB, int CVB>
+struct ValuePair {
+  static constexpr int kHalves = CVB >= 2 ? CVB / 2 : 1;
+  unsigned x[kHalves];  // halfword h of both chunks: c0's in the low half, c1's in the high
+  __device__ __forceinline__ ValuePair(const Raw<CVB>& c0, const Raw<CVB>& c1) {
+    if constexpr (CVB == 1) {
+      x[0] = c0.w[0] | (c1.w[0] << 16);
+    } else {
+#pragma unroll
+      for (int h = 0; h < kHalves; ++h) x[h] = __byte_perm(c0.w[h / 2], c1.w[h / 2], h % 2 == 0 ? 0x5410u : 0x7632u);
+    }
+  }
+  template <int I>
+  __device__ __forceinline__ unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
+    constexpr int bit = I * VB, h = bit / 16, pos = bit % 16;
+    constexpr unsigned kMask = ((1u << VB) - 1u) << (7 - VB);
+    return (shift<(7 - VB) - pos>(x[h]) & (kMask | (kMask << 16))) | one;
+  }
+};
+
+template <int KB, int VB, int META, int D, int GS>
+struct TileLayout {
+  static constexpr int kMb = META == 0 ? 2 : META == 1 ? 4 : 1;
+  static constexpr int kKS = D / 16;             // key k-steps
+  static constexpr int kNG = D / GS;             // metadata groups a row (both sides)
+  static constexpr int kNTG = GS / 8;            // value n-tiles a group
+  static constexpr int kKRow = D * KB / 8;       // bytes of a key row
+  static constexpr int kCV = GS * VB / 64;       // bytes of a lane's value chunk of a group
+  static constexpr int kMPair = 2 * kNG * kMb;   // metadata bytes of two adjacent tokens
+  static_assert(D % GS == 0 && GS % 16 == 0, "whole groups of whole k-steps");
+  static_assert(GS * VB >= 64, "a lane's value chunk at least a byte");
+};
+
+// Where a lane's loads of every tile start within a window slot (row 0 of its (b, h)), as byte
+// offsets into the side's arrays: the key rows of tokens g and 8 + g, the metadata of tokens
+// (2t, 2t + 1) and (8 + 2t, 9 + 2t) (keys and values have the same groups: one offset for all four
+// metadata arrays), the value chunks of those four tokens. (32-bit: at most B Hkv window row bytes.)
+template <int KB, int VB, int META, int D, int GS>
+struct LaneBase {
+  using L = TileLayout<KB, VB, META, D, GS>;
+  static constexpr int kVRow = D * VB / 8;  // bytes of a value row
+  unsigned k, v, m;
+  __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t) {
+    const std::int64_t r = bh * p.window;
+    k = static_cast<unsigned>((r + g) * L::kKRow);
+    v = static_cast<unsigned>((r + 2 * t) * kVRow + g * L::kCV);
+    m = static_cast<unsigned>((r + 2 * t) * (L::kNG * L::kMb));
+  }
+};
+
+// The next tile a warp loads: its window slot's byte offsets (key codes, value codes, metadata) and
+// its row in the slot, moved on by a whole step at a time (the division by the window once).
+struct TileCursor {
+  std::int64_t ok, ov, om;
+  int row;
+  __device__ __forceinline__ TileCursor(const AttnParams& p, std::int64_t t0) {
+    const std::int64_t slot = static_cast<std::int64_t>((static_cast<unsigned long long>(t0) * p.div_magic) >> p.div_shift);
+    row = static_cast<int>(t0 - slot * p.window);
+    ok = slot * p.k.slot_codes, ov = slot * p.v.slot_codes, om = slot * p.k.slot_meta;  // (the values' slot_meta is the same)
+  }
+  __device__ __forceinline__ void advance(const AttnParams& p, int tokens) {
+    row += tokens;
+    while (row >= p.window) row -= p.window, ok += p.k.slot_codes, ov += p.v.slot_codes, om += p.k.slot_meta;
+  }
+};
+
+// What a lane loads of one tile (LaneBase, TileCursor).
+template <int KB, int VB, int META, int D, int GS>
+struct TileRaw {
+  using L = TileLayout<KB, VB, META, D, GS>;
+  using Base = LaneBase<KB, VB, META, D, GS>;
+  Raw<L::kKRow> k[2];
+  Raw<L::kMPair> klo[2], ksc[2], vlo[2], vsc[2];
+  Raw<L::kCV> v[4][L::kNG];
+  __device__ __forceinline__ void load(const AttnParams& p, const Base& lb, const TileCursor& c) {
+    const unsigned char* kc = p.k.codes + c.ok + (lb.k + static_cast<unsigned>(c.row) * L::kKRow);
+    const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * Base::kVRow);
+    const std::int64_t mo = c.om + (lb.m + static_cast<unsigned>(c.row) * (L::kNG * L::kMb));
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      k[n].load(kc + 8 * n * L::kKRow);
+      const int pr = 8 * n * (L::kNG * L::kMb);
+      klo[n].load(p.k.lo + mo + pr), ksc[n].load(p.k.scale + mo + pr);
+      vlo[n].load(p.v.lo + mo + pr), vsc[n].load(p.v.scale + mo + pr);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+#pragma unroll
+      for (int gr = 0; gr < L::kNG; ++gr) v[u][gr].load(vc + (8 * (u / 2) + u % 2) * Base::kVRow + gr * (GS * VB / 8));
+    }
+  }
+};
+
+// Metadata value e of a tile's pair as a float (fp16: the half of its word converted in place).
+template <int META, int BYTES>
+__device__ __forceinline__ float pair_meta(const Raw<BYTES>& r, int e) {
+  if constexpr (META == 0) {
+    const __half2 h = *reinterpret_cast<const __half2*>(&r.w[e / 2]);
+    return e % 2 ? __high2float(h) : __low2float(h);
+  } else if constexpr (META == 1) {
+    return __uint_as_float(r.w[e]);
+  } else {
+    return e4m3_to_float(static_cast<unsigned char>(r.template elem<1>(e)));
+  }
+}
+
+// Blocks an SM the register budget is set for: 4 (128 registers) where that spills nothing (head dims
+// up to 64 with one metadata group a row, 2-bit keys, 16-bit metadata: 125-128 registers, against
+// 133 and 3 blocks without the bound), else 2 (the kernel takes what it needs, up to 255).
+template <int KB, int META, int D, int GS>
+constexpr int tc_min_blocks() {
+  return D <= 64 && GS == D && KB == 2 && META != 1 ? 4 : D <= 64 && KB == 2 && META != 1 ? 3 : 2;
+}
+
+template <int KB, int VB, int META, int D, int GS>
+__global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc_kernel(const AttnParams p, int row0) {
+  using L = TileLayout<KB, VB, META, D, GS>;
+  constexpr int KS = L::kKS, NG = L::kNG, NTG = L::kNTG;
+  extern __shared__ float sm[];  // maxima [warps][8], sums [warps][8], accumulators [warps][8][D]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+
+  // query row g of the launch's rows (row0 + g): q in the keys' permuted order, placed as the A
+  // registers take it, times the softmax scale in log2 units
+  const int n_rows = p.query_rows(), row = row0 + g;
+  const bool valid = row < n_rows;
+  const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
+  const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * (p.Hq / p.Hkv) + gq) * p.Sq + qi) * D;
+  const int* kperm = p.k.perm ? p.k.perm + h * D : nullptr;
+  const float qsc = p.scale * 1.4426950408889634f;
+  float qv[KS][4], qg[NG], amax = 0.0f;
+#pragma unroll
+  for (int gr = 0; gr < NG; ++gr) qg[gr] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = 16 * ks + key_channel(t, j);
+      qv[ks][j] = valid ? qrow[kperm ? kperm[c] : c] * qsc : 0.0f;
+      amax = fmaxf(amax, fabsf(qv[ks][j]));
+      qg[ks * 16 / GS] += qv[ks][j];
+    }
+  }
+  // the row's max |q| and group sums over the quad's four lanes (each holds a quarter of the row)
+#pragma unroll
+  for (int x = 1; x <= 2; x <<= 1) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, x));
+#pragma unroll
+    for (int gr = 0; gr < NG; ++gr) qg[gr] += __shfl_xor_sync(0xffffffffu, qg[gr], x);
+  }
+  int ex = 0;
+  if (amax > 0.0f && amax < INFINITY) frexpf(amax, &ex);  // amax 2^-ex in [0.5, 1)
+  const float down = ldexpf(1.0f, -ex), up = ldexpf(1.0f, ex);
+  unsigned qa[KS][4];
+#pragma unroll
+  for (int ks = 0; ks < KS; ++ks) {
+#pragma unroll
+    for (int pr = 0; pr < 2; ++pr) {  // (a0, a1) and (a2, a3): high parts, then low parts
+      const float x0 = qv[ks][2 * pr] * down, x1 = qv[ks][2 * pr + 1] * down;
+      const __half2 hi = __floats2half2_rn(x0, x1);
+      const float2 hf = __half22float2(hi);
+      const __half2 lo = __floats2half2_rn(x0 - hf.x, x1 - hf.y);
+      qa[ks][2 * pr] = *reinterpret_cast<const unsigned*>(&hi);
+      qa[ks][2 * pr + 1] = *reinterpret_cast<const unsigned*>(&lo);
+    }
+  }
+  const unsigned ksel = KB == 4 ? (t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12)) : 0u;
+  const int kr0 = (4 * t + 24) & 31, kr1 = (4 * t + 26) & 31;
+  const unsigned kone = opaque<0x3C003C00u>(), vone = opaque<0x3F803F80u>();
+  // row g sees token T when T < lim (causal); none when the row is past the launch's
+  const std::int64_t lim = valid ? p.kv_len - (p.Sq - 1 - qi) : 0;
+
+  float m = -INFINITY, l = 0.0f, lacc[NG], o[NG][NTG][4];
+#pragma unroll
+  for (int gr = 0; gr < NG; ++gr) {
+    lacc[gr] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NTG; ++i) o[gr][i][0] = o[gr][i][1] = o[gr][i][2] = o[gr][i][3] = 0.0f;
+  }
+
+  // one tile: its scores for row g, the online softmax, the values. MASKED: some token of the tile
+  // is a sink or past a row's causal limit (its metadata may be anything: the chunk-0 rows below
+  // n_sink are never written); else every token counts for every row.
+  const auto tile = [&](const TileRaw<KB, VB, META, D, GS>& raw, std::int64_t t0, auto masked) {
+    constexpr bool MASKED = decltype(masked)::value;
+    float s[2][2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      float acc[NG][4];
+#pragma unroll
+      for (int gr = 0; gr < NG; ++gr) acc[gr][0] = acc[gr][1] = acc[gr][2] = acc[gr][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks) {
+        unsigned b0, b1;
+        key_frag<KB>(raw.k[n].w, ks, ksel, kr0, kr1, kone, b0, b1);
+        mma_f16(acc[ks * 16 / GS], qa[ks], b0, b1);
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float sc;
+#pragma unroll
+        for (int gr = 0; gr < NG; ++gr) {
+          const float sct = pair_meta<META>(raw.ksc[n], i * NG + gr) * static_cast<float>(1 << KB);
+          const float lot = pair_meta<META>(raw.klo[n], i * NG + gr) - sct;
+          const float term = fmaf(sct * up, acc[gr][i] + acc[gr][2 + i], lot * qg[gr]);
+          sc = gr == 0 ? term : sc + term;
+        }
+        if constexpr (MASKED) {
+          const std::int64_t T = t0 + 8 * n + 2 * t + i;
+          sc = (T >= p.sinks && T < lim) ? sc : -INFINITY;
+        }
+        s[n][i] = sc;
+      }
+    }
+    // online softmax for row g (the quad shares the tile's maximum)
+    float mt = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 2));
+    const float mnew = fmaxf(m, mt);
+    float pw[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    if (!MASKED || mnew != -INFINITY) {
+      const float corr = fast_exp2(m - mnew);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) pw[n][0] = fast_exp2(s[n][0] - mnew), pw[n][1] = fast_exp2(s[n][1] - mnew);
+      l = fmaf(l, corr, (pw[0][0] + pw[0][1]) + (pw[1][0] + pw[1][1]));
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int gr = 0; gr < NG; ++gr) {
+          lacc[gr] *= corr;
+#pragma unroll
+          for (int i = 0; i < NTG; ++i) o[gr][i][0] *= corr, o[gr][i][1] *= corr, o[gr][i][2] *= corr, o[gr][i][3] *= corr;
+        }
+      }
+      m = mnew;
+    }
+    // values, group by group
+#pragma unroll
+    for (int gr = 0; gr < NG; ++gr) {
+      float w[2][2];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float sct = pair_meta<META>(raw.vsc[n], i * NG + gr) * static_cast<float>(1 << VB);
+          const float lot = pair_meta<META>(raw.vlo[n], i * NG + gr) - sct;
+          if constexpr (MASKED) {
+            const bool on = pw[n][i] > 0.0f;
+            w[n][i] = on ? pw[n][i] * sct : 0.0f;
+            lacc[gr] = on ? fmaf(pw[n][i], lot, lacc[gr]) : lacc[gr];
+          } else {
+            w[n][i] = pw[n][i] * sct;
+            lacc[gr] = fmaf(pw[n][i], lot, lacc[gr]);
+          }
+        }
+      }
+      unsigned a[4];
+      split_bf16(w[0][0], w[0][1], a[0], a[1]);
+      split_bf16(w[1][0], w[1][1], a[2], a[3]);
+      const ValuePair<VB, L::kCV> lo(raw.v[0][gr], raw.v[1][gr]), hi(raw.v[2][gr], raw.v[3][gr]);
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        (mma_bf16(o[gr][I], a, lo.template reg<I>(vone), hi.template reg<I>(vone)), ...);
+      }(std::make_integer_sequence<int, NTG>{});
+    }
+  };
+  const auto take = [&](const TileRaw<KB, VB, META, D, GS>& raw, std::int64_t t0) {
+    // (a row past the launch's is not masked: its q is zero and its partial never stored)
+    const bool whole = t0 >= p.sinks && (!valid || t0 + kTok <= lim);
+    if (__all_sync(0xffffffffu, whole)) tile(raw, t0, std::false_type{});
+    else tile(raw, t0, std::true_type{});
+  };
+
+  // the split's tiles, warp w taking tiles w, w + 4, ...; up to head dim 64 each tile's loads are
+  // issued while the one before is used (two buffers, used in turn)
+  const LaneBase<KB, VB, META, D, GS> lb(p, bh, g, t);
+  const std::int64_t s0 = static_cast<std::int64_t>(split) * p.split_len;
+  const std::int64_t s1 = min(p.q_end, s0 + p.split_len);
+  constexpr int kStep = kTok * kWarps;
+  std::int64_t t0 = s0 + kTok * warp;
+  TileCursor cur(p, t0);  // the next tile to load
+  if constexpr (D <= 64) {
+    TileRaw<KB, VB, META, D, GS> ra, rb;
+    if (t0 < s1) ra.load(p, lb, cur), cur.advance(p, kStep);
+    for (; t0 < s1; t0 += 2 * kStep) {
+      if (t0 + kStep < s1) rb.load(p, lb, cur), cur.advance(p, kStep);
+      take(ra, t0);
+      if (t0 + kStep >= s1) break;
+      if (t0 + 2 * kStep < s1) ra.load(p, lb, cur), cur.advance(p, kStep);
+      take(rb, t0 + kStep);
+    }
+  } else {  // (two buffers of a wider row spill at the 255-register limit)
+    for (; t0 < s1; t0 += kStep) {
+      TileRaw<KB, VB, META, D, GS> r;
+      r.load(p, lb, cur), cur.advance(p, kStep);
+      take(r, t0);
+    }
+  }
+
+  // the quad's sums, then the block's warps merged: one partial per row and split
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+  for (int gr = 0; gr < NG; ++gr) {
+    lacc[gr] += __shfl_xor_sync(0xffffffffu, lacc[gr], 1);
+    lacc[gr] += __shfl_xor_sync(0xffffffffu, lacc[gr], 2);
+  }
+  float* sm_m = sm;
+  float* sm_l = sm + kWarps * kRows;
+  float* sm_acc = sm + 2 * kWarps * kRows;
+  const int part = warp * kRows + g;
+  if (t == 0) sm_m[part] = m, sm_l[part] = l;
+#pragma unroll
+  for (int gr = 0; gr < NG; ++gr) {
+#pragma unroll
+    for (int i = 0; i < NTG; ++i) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int ch = gr * GS + (2 * t + c) * NTG + i;
+        sm_acc[part * D + ch] = (o[gr][i][c] + o[gr][i][2 + c]) + lacc[gr];
+      }
+    }
+  }
+  __syncthreads();
+  store_merged(p, b, h, row0, split, kWarps, kRows, sm_m, sm_l, sm_acc, D);
+}
+
+template <int D>
+constexpr int tc_smem() {
+  return kWarps * kRows * (2 + D) * static_cast<int>(sizeof(float));
+}
+
+template <int D, int KB, int VB, int META, int GS>
+void launch_tc_rows(const AttnParams& p, cudaStream_t stream) {
+  const dim3 grid(p.body_splits, p.Hkv, p.B);
+  const auto kernel = tc_kernel<KB, VB, META, D, GS>;
+  allow_smem(kernel, tc_smem<D>());
+  for (int row = 0; row < p.query_rows(); row += kRows) {
+    kernel<<<grid, kThreads, tc_smem<D>(), stream>>>(p, row);
+    SKVQ_CUDA_LAUNCH_CHECK();
+  }
+}
+
+// The blocks of the kernel that fit an SM at once (looked up once a kernel).
+template <int D, int KB, int VB, int META, int GS>
+int tc_blocks_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    SKVQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, tc_kernel<KB, VB, META, D, GS>, kThreads, tc_smem<D>()));
+    return std::max(b, 1);
+  }();
+  return n;
+}
+
+// f(D, GS) as integral constants, for the shapes the kernel takes (tc_shape_ok).
+template <typename F>
+bool with_tc_shape(int D, int GS, F&& f) {
+  using std::integral_constant;
+  if (D == 32 && GS == 32) return f(integral_constant<int, 32>{}, integral_constant<int, 32>{}), true;
+  if (D == 64 && GS == 32) return f(integral_constant<int, 64>{}, integral_constant<int, 32>{}), true;
+  if (D == 64 && GS == 64) return f(integral_constant<int, 64>{}, integral_constant<int, 64>{}), true;
+  if (D == 96 && GS == 32) return f(integral_constant<int, 96>{}, integral_constant<int, 32>{}), true;
+  if (D == 128 && GS == 32) return f(integral_constant<int, 128>{}, integral_constant<int, 32>{}), true;
+  if (D == 128 && GS == 64) return f(integral_constant<int, 128>{}, integral_constant<int, 64>{}), true;
+  if (D == 128 && GS == 128) return f(integral_constant<int, 128>{}, integral_constant<int, 128>{}), true;
+  return false;
+}
+template <typename F>
+bool with_tc_widths(int kb, int vb, F&& f) {
+  using std::integral_constant;
+  if (kb == 2 && vb == 2) return f(integral_constant<int, 2>{}, integral_constant<int, 2>{}), true;
+  if (kb == 2 && vb == 4) return f(integral_constant<int, 2>{}, integral_constant<int, 4>{}), true;
+  if (kb == 4 && vb == 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{}), true;
+  if (kb == 4 && vb == 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{}), true;
+  return false;
+}
+
+// f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true).
+template <typename F>
+void with_tc_kernel(const AttnParams& p, F&& f) {
+  const bool ok = with_tc_shape(p.D, p.group, [&](auto d, auto gs) {
+    constexpr int kGS = decltype(gs)::value;
+    with_tc_widths(p.k.bits, p.v.bits, [&](auto k, auto v) {
+      if constexpr (kGS * decltype(v)::value >= 64) {
+        if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
+        else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
+        else f(d, k, v, std::integral_constant<int, 2>{}, gs);
+      }
+    });
+  });
+  if (!ok) throw Error("skvq: cuda attend: the tensor-core general kernel does not take D=" + std::to_string(p.D));
+}
+
+}  // namespace
+
+bool tc_shape_ok(const AttnParams& p) {
+  static const bool off = env_switch("SKVQ_CUDA_GENERAL") == "float";
+  if (off || p.q_end <= 0 || p.window % kTok != 0) return false;
+  if (p.D != p.Dv || p.group != p.group_v) return false;
+  if (p.k.bits != 2 && p.k.bits != 4) return false;
+  if (p.v.bits != 2 && p.v.bits != 4) return false;
+  if (p.group * p.v.bits < 64) return false;
+  return with_tc_shape(p.D, p.group, [](auto, auto) {});
+}
+
+void plan_tc(AttnParams& p, int requested_splits) {
+  // One wave: as many splits a KV head as fill the SMs' resident blocks (a second, partial wave
+  // would run alone: 576 blocks on 528 places took 0.44 ms where 512 take ...), each at least 4
+  // tiles a warp.
+  int sms = 132, dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int per_sm = 1;
+  with_tc_kernel(p, [&](auto d, auto k, auto v, auto meta, auto gs) {
+    per_sm = tc_blocks_per_sm<decltype(d)::value, decltype(k)::value, decltype(v)::value, decltype(meta)::value, decltype(gs)::value>();
+  });
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv, slots = static_cast<std::int64_t>(per_sm) * sms;
+  std::int64_t splits = requested_splits;
+  if (splits <= 0) {
+    splits = std::max<std::int64_t>(1, slots / heads);
+    splits = std::max<std::int64_t>(1, std::min(splits, (p.q_end + kMinTileSplit - 1) / kMinTileSplit));
+  }
+  std::int64_t len = (p.q_end + splits - 1) / splits;
+  len = (len + kTok * kWarps - 1) / (kTok * kWarps) * (kTok * kWarps);
+  p.split_len = len;
+  p.body_splits = static_cast<int>((p.q_end + len - 1) / len);
+  // the exact tokens (sinks and tail) in splits of their own, of at most 1024 tail tokens each
+  const std::int64_t tail = p.kv_len - p.q_end;
+  const std::int64_t nx = std::max<std::int64_t>(1, (tail + 1023) / 1024);
+  p.exact_len = std::max<std::int64_t>(1, (tail + nx - 1) / nx);
+  p.splits = p.body_splits + static_cast<int>(nx);
+}
+
+void launch_tc(const AttnParams& p, cudaStream_t stream) {
+  with_tc_kernel(p, [&](auto d, auto k, auto v, auto meta, auto gs) {
+    launch_tc_rows<decltype(d)::value, decltype(k)::value, decltype(v)::value, decltype(meta)::value, decltype(gs)::value>(p, stream);
+  });
+}
+
+}  // namespace skvq::cuda
