@@ -1498,13 +1498,9 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   // merge the 4 warps in shared memory; one partial per row
   __shared__ float sm_m[4][kImmaRows], sm_l[4][kImmaRows];
   __shared__ float sm_acc[4][kImmaRows][kD];
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  l = quad_sum(l);
 #pragma unroll
-  for (int vg = 0; vg < 4; ++vg) {  // each lane summed p * lo over its own tokens
-    lacc[vg] += __shfl_xor_sync(0xffffffffu, lacc[vg], 1);
-    lacc[vg] += __shfl_xor_sync(0xffffffffu, lacc[vg], 2);
-  }
+  for (int vg = 0; vg < 4; ++vg) lacc[vg] = quad_sum(lacc[vg]);  // each lane summed p * lo over its own tokens
   if (t == 0) sm_m[warp][g] = m, sm_l[warp][g] = l;
   float lv = lacc[0];
 #pragma unroll
@@ -2422,13 +2418,9 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
     }
   }
   // ---- merge the 4 warps: per row gid: m, l (quad sums), o + lo terms
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  l = quad_sum(l);
 #pragma unroll
-  for (int g = 0; g < kMmaMaxGroups; ++g) {
-    lo_acc[g] += __shfl_xor_sync(0xffffffffu, lo_acc[g], 1);
-    lo_acc[g] += __shfl_xor_sync(0xffffffffu, lo_acc[g], 2);
-  }
+  for (int g = 0; g < kMmaMaxGroups; ++g) lo_acc[g] = quad_sum(lo_acc[g]);
   __shared__ float wm[4][8], wl[4][8], wo[4][8][kD];
   if (tig == 0) wm[warp][gid] = m, wl[warp][gid] = l;
 #pragma unroll

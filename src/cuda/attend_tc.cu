@@ -4,10 +4,12 @@
 // token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
 //
 // A block (4 warps) owns one (batch, kv head, split of the packed body) and up to 8 query rows;
-// each warp takes tiles of 16 tokens of the split in turn, the next tile's loads issued before
-// the current one is used, and keeps its own online softmax; the warps merge at the end
-// (store_merged). The exact sinks and tail go through the float kernel as splits of their own
-// (launch_general_exact), and the general combine merges them all.
+// each warp takes tiles of 16 tokens of the split in turn (up to head dim 64 the next tile's loads
+// issued before the current one is used) and keeps its own online softmax; the warps merge at the
+// end (store_merged). The splits make one wave of resident blocks (plan_tc). The exact sinks and
+// tail go through the float kernel as splits of their own (launch_general with body_splits set),
+// and the general combine merges them all. (docs/performance.md, "Other head dims": the steps and
+// what bounds it.)
 //
 // Scores: one mma.sync m16n8k16 (fp16 in, fp32 sums) a k-step of 16 channels and 8 tokens. A rows
 // 0-7 are the query rows, rows 8-15 the same rows' low parts: q (times the softmax scale, log2
@@ -450,13 +452,9 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   }
 
   // the quad's sums, then the block's warps merged: one partial per row and split
-  l += __shfl_xor_sync(0xffffffffu, l, 1);
-  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  l = quad_sum(l);
 #pragma unroll
-  for (int gr = 0; gr < NG; ++gr) {
-    lacc[gr] += __shfl_xor_sync(0xffffffffu, lacc[gr], 1);
-    lacc[gr] += __shfl_xor_sync(0xffffffffu, lacc[gr], 2);
-  }
+  for (int gr = 0; gr < NG; ++gr) lacc[gr] = quad_sum(lacc[gr]);
   float* sm_m = sm;
   float* sm_l = sm + kWarps * kRows;
   float* sm_acc = sm + 2 * kWarps * kRows;

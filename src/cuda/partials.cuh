@@ -14,6 +14,13 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The sum of v over the four lanes of a quad (lanes 4g .. 4g + 3: an MMA fragment's row), in every
+// one of them.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
 // Merges n_parts partial softmax states per query row (max m, sum l, acc[dv])
 // held in shared memory as [part][row] and writes one partial per row of
 // this block to the workspace slot `out_split` (dv: the accumulators a row,
