@@ -554,9 +554,9 @@ bool tc_shape_ok(const AttnParams& p) {
 }
 
 void plan_tc(AttnParams& p, int requested_splits) {
-  // One wave: as many splits a KV head as fill the SMs' resident blocks (a second, partial wave
-  // would run alone: 576 blocks on 528 places took 0.44 ms where 512 take ...), each at least 4
-  // tiles a warp.
+  // One wave: as many splits a KV head as fill the SMs' resident blocks, each at least 4 tiles a
+  // warp. (A second, partial wave runs alone after the first: the first kernel put 576 blocks on
+  // 528 places at D = 64, B = 8, 128k, the last 48 of them by themselves; docs/performance.md.)
   int sms = 132, dev = 0;
   if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   int per_sm = 1;
