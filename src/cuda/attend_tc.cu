@@ -77,13 +77,8 @@ struct Raw {
       w[0] = __ldg(p);
     }
   }
-  // element e of size `size` bytes (1, 2 or 4), as unsigned
-  template <int SIZE>
-  __device__ __forceinline__ unsigned elem(int e) const {
-    if constexpr (SIZE == 4) return w[e];
-    else if constexpr (SIZE == 2) return (w[e / 2] >> (16 * (e % 2))) & 0xFFFFu;
-    else return (w[e / 4] >> (8 * (e % 4))) & 0xFFu;
-  }
+  // byte e
+  __device__ __forceinline__ unsigned byte(int e) const { return (w[e / 4] >> (8 * (e % 4))) & 0xFFu; }
 };
 
 // D += A B, m16n8k16, fp32 sums: fp16 inputs (scores), bf16 inputs (values).
@@ -180,6 +175,7 @@ struct TileLayout {
   static constexpr int kNG = D / GS;             // metadata groups a row (both sides)
   static constexpr int kNTG = GS / 8;            // value n-tiles a group
   static constexpr int kKRow = D * KB / 8;       // bytes of a key row
+  static constexpr int kVRow = D * VB / 8;       // bytes of a value row
   static constexpr int kCV = GS * VB / 64;       // bytes of a lane's value chunk of a group
   static constexpr int kMPair = 2 * kNG * kMb;   // metadata bytes of two adjacent tokens
   static_assert(D % GS == 0 && GS % 16 == 0, "whole groups of whole k-steps");
@@ -193,12 +189,11 @@ struct TileLayout {
 template <int KB, int VB, int META, int D, int GS>
 struct LaneBase {
   using L = TileLayout<KB, VB, META, D, GS>;
-  static constexpr int kVRow = D * VB / 8;  // bytes of a value row
   unsigned k, v, m;
   __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t) {
     const std::int64_t r = bh * p.window;
     k = static_cast<unsigned>((r + g) * L::kKRow);
-    v = static_cast<unsigned>((r + 2 * t) * kVRow + g * L::kCV);
+    v = static_cast<unsigned>((r + 2 * t) * L::kVRow + g * L::kCV);
     m = static_cast<unsigned>((r + 2 * t) * (L::kNG * L::kMb));
   }
 };
@@ -229,7 +224,7 @@ struct TileRaw {
   Raw<L::kCV> v[4][L::kNG];
   __device__ __forceinline__ void load(const AttnParams& p, const Base& lb, const TileCursor& c) {
     const unsigned char* kc = p.k.codes + c.ok + (lb.k + static_cast<unsigned>(c.row) * L::kKRow);
-    const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * Base::kVRow);
+    const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * L::kVRow);
     const std::int64_t mo = c.om + (lb.m + static_cast<unsigned>(c.row) * (L::kNG * L::kMb));
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
@@ -241,7 +236,7 @@ struct TileRaw {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
-      for (int gr = 0; gr < L::kNG; ++gr) v[u][gr].load(vc + (8 * (u / 2) + u % 2) * Base::kVRow + gr * (GS * VB / 8));
+      for (int gr = 0; gr < L::kNG; ++gr) v[u][gr].load(vc + (8 * (u / 2) + u % 2) * L::kVRow + gr * (GS * VB / 8));
     }
   }
 };
@@ -255,13 +250,14 @@ __device__ __forceinline__ float pair_meta(const Raw<BYTES>& r, int e) {
   } else if constexpr (META == 1) {
     return __uint_as_float(r.w[e]);
   } else {
-    return e4m3_to_float(static_cast<unsigned char>(r.template elem<1>(e)));
+    return e4m3_to_float(static_cast<unsigned char>(r.byte(e)));
   }
 }
 
-// Blocks an SM the register budget is set for: 4 (128 registers) where that spills nothing (head dims
-// up to 64 with one metadata group a row, 2-bit keys, 16-bit metadata: 125-128 registers, against
-// 133 and 3 blocks without the bound), else 2 (the kernel takes what it needs, up to 255).
+// Blocks an SM the register budget is set for, where that spills nothing: 4 (128 registers) up to head
+// dim 64 with one metadata group a row, 2-bit keys and 16-bit metadata (125-128 registers, against
+// 133 and 3 blocks without the bound); 3 (170) for the same at groups of 32 (162-168, against 176
+// and 2 blocks); else 2 (the kernel takes what it needs, up to 255).
 template <int KB, int META, int D, int GS>
 constexpr int tc_min_blocks() {
   return D <= 64 && GS == D && KB == 2 && META != 1 ? 4 : D <= 64 && KB == 2 && META != 1 ? 3 : 2;
