@@ -766,10 +766,12 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
   }
 }
 
-// The general path's tensor-core kernel (attend_tc.cu) takes the packed body at head dims 32, 64, 96
-// and 128 (keys and values alike, 128 only for widths outside the tuned kernels' six) with 2- and
-// 4-bit codes and metadata groups of 32, 64 or 128 that divide the row; the float kernel takes the
-// sinks and the tail as splits of their own. Each case: every metadata mode among them, reorder on
+// The general path's tensor-core kernel (attend_tc.cu) takes the packed body at head dims 32, 64, 96,
+// 128 and 256 (keys and values alike, 128 only for widths outside the tuned kernels' six; at 256 two
+// warps share each tile, half the channels each, and exchange their scores' partial sums) with 2-
+// and 4-bit codes and metadata groups of 32, 64 or 128 that divide the row (or 96 at head dim 96,
+// where a wider group is cut to the row); the float kernel takes
+// the sinks and the tail as splits of their own. Each case: every metadata mode among them, reorder on
 // and off, sinks and none, one group a row and several, a group wider than the row (padded to it);
 // 1 to 12 query rows a KV head (12: two launches of 8 rows), decode and prefill rows (causal limits
 // inside a tile), the split count chosen and forced (1, 3 and 17 splits: splits of one tile a warp,
@@ -788,9 +790,15 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {64, 32, 0, 128, 2, 4, MetaType::fp32, false},  // a group wider than the row
       {32, 16, 3, 32, 4, 4, MetaType::fp16, true},
       {96, 48, 5, 32, 2, 2, MetaType::fp16, true},
+      {96, 32, 5, 128, 2, 2, MetaType::fp16, true},  // one group of 96 a row (3-byte value chunks)
+      {96, 64, 0, 96, 4, 4, MetaType::fp8_e4m3, false},
       {128, 128, 5, 32, 2, 4, MetaType::fp16, true},  // widths the tuned kernels do not take
       {128, 64, 2, 128, 2, 4, MetaType::fp8_e4m3, true},
       {128, 64, 5, 64, 4, 2, MetaType::fp32, true},
+      {256, 64, 5, 32, 2, 2, MetaType::fp16, true},  // the default settings at head dim 256
+      {256, 32, 0, 128, 4, 2, MetaType::fp8_e4m3, true},
+      {256, 48, 3, 64, 2, 4, MetaType::fp32, false},
+      {256, 16, 2, 128, 4, 4, MetaType::fp16, true},
   };
   std::uint32_t seed = 4300;
   for (const Case& c : cases) {

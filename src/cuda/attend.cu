@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(kThreads, NQ >= 4 ? 3 : 1) attn_fast_kernel(co
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
+  constexpr int mb = meta_bytes<META>();  // metadata bytes
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
   // The query loads go out first, then the first tiles' copies, then the
   // query setup that waits for the loads (it overlaps the copies).
@@ -1051,7 +1051,7 @@ __global__ void __launch_bounds__(kThreads) attn_rs_kernel(const AttnParams p, i
   const FastLayout<kFastTile> lay(p);
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x % kLanes, grp = threadIdx.x / kLanes;
-  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
+  constexpr int mb = meta_bytes<META>();  // metadata bytes
   static_assert(GS == 32 || GS == 64 || GS == 128, "metadata groups of whole lanes");
   constexpr int kG = kD / GS;  // metadata groups a row
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
@@ -1309,7 +1309,7 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
-  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;  // metadata bytes
+  constexpr int mb = meta_bytes<META>();  // metadata bytes
   // metadata groups of GS = 32, 64 or 128 channels: 1, 2 or 4 k-steps (and value n-tile sets) a group
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
   constexpr int gshift = GS == 32 ? 0 : GS == 64 ? 1 : 2, spg = 1 << gshift;
@@ -1572,12 +1572,6 @@ template <int GS, int VB>
 __device__ __forceinline__ constexpr int tmma_vgroup(int set) {
   return tmma_vbyte<GS, VB>(set, 0) * (8 / VB) / GS;
 }
-// D += A B, m16n8k16, fp16 inputs, fp32 accumulators.
-__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Four 8x8 matrices of 16-bit elements, transposed: lane l gives the address of row l % 8 of
 // matrix l / 8 (16 bytes, 16-byte aligned); lane (g, t) gets element g of rows 2t (low half)
 // and 2t + 1 (high half) of each matrix.
@@ -1694,7 +1688,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
   static_assert(VB == 2 || VB == 4, "two value slices per byte pair");
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
-  constexpr int mb = META == 0 ? 2 : META == 1 ? 4 : 1;
+  constexpr int mb = meta_bytes<META>();
   constexpr int kgs = GS == 32 ? 2 : GS == 64 ? 1 : 0;  // log2 of the metadata groups in a row
   constexpr int kNG = 1 << kgs;                         // metadata groups in a row
   constexpr int spg = GS / 32;                          // k-steps (32 channels) a group
@@ -1957,7 +1951,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
               a[1] = *reinterpret_cast<const unsigned*>(lo0 + (8 << kgs) * mb + 4 * t);
             }
             float cl[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma16816(cl, a, qgb, 0u);
+            mma_f16(cl, a, qgb, 0u);
             sbm[0] = (cl[0] + cl[1]) * lo_scale, sbm[1] = (cl[2] + cl[3]) * lo_scale;
           }
 #pragma unroll
@@ -2315,7 +2309,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
         const int g = (KB == 1 ? PairMap<KB>::ch_lo(8 * i) : 16 * i) / gsz;
 #pragma unroll
         for (int gg = 0; gg < kMmaMaxGroups; ++gg) {
-          if (gg == g) mma16816(sacc[gg][n], a, b0, b1);
+          if (gg == g) mma_f16(sacc[gg][n], a, b0, b1);
         }
       }
     }
@@ -2412,7 +2406,7 @@ __global__ void __launch_bounds__(kThreads) attn_mma_kernel(const AttnParams p, 
         const unsigned b0 = code_pair<VB>(__byte_perm(w0, w1, sel), sh);
         const unsigned b1 = code_pair<VB>(__byte_perm(w2, w3, sel), sh);
         float cc[4] = {o[c][0], o[c][1], 0.0f, 0.0f};
-        mma16816(cc, a, b0, b1);
+        mma_f16(cc, a, b0, b1);
         o[c][0] = cc[0], o[c][1] = cc[1];
       }
     }

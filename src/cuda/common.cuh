@@ -69,6 +69,12 @@ __device__ inline float e4m3_to_float(unsigned char b) {
   return (b & 0x80) ? -a : a;
 }
 
+// Bytes of one metadata value (META as meta_code: fp16, fp32, e4m3).
+template <int META>
+constexpr int meta_bytes() {
+  return META == 0 ? 2 : META == 1 ? 4 : 1;
+}
+
 // A metadata value from its stored bits (the low 16 of fp16's, the low 8 of e4m3's), the type a
 // template argument (META as meta_code).
 template <int META>

@@ -1,5 +1,6 @@
-// Device helpers shared by the attention kernels (attend.cu, attend_general.cu): the fast exp2 and
-// the merge of a block's partial softmax states into its split's workspace slot.
+// Device helpers shared by the attention kernels (attend.cu, attend_general.cu, attend_tc.cu): the
+// fast exp2, the fp16 and bf16 MMAs, the quad sums and the merge of a block's partial softmax states
+// into its split's workspace slot.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,18 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// D += A B, mma.sync m16n8k16 (A row-major, B column-major), fp32 sums: fp16 inputs, bf16 inputs.
+__device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // The sum of v over the four lanes of a quad (lanes 4g .. 4g + 3: an MMA fragment's row), in every
