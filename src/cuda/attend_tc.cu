@@ -346,6 +346,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
     for (int i = 0; i < NTG; ++i) o[gr][i][0] = o[gr][i][1] = o[gr][i][2] = o[gr][i][3] = 0.0f;
   }
 
+  const auto visible = [&](std::int64_t T) { return T >= p.sinks && T < lim; };  // token T for row g
   float4* xch = reinterpret_cast<float4*>(sm + kTeams * kRows * (2 + D));
   int parity = 0;  // which of the exchange's two buffers this tile writes (two warps a tile)
 
@@ -376,6 +377,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
           const float term = fmaf(sct * up, acc[gr][i] + acc[gr][2 + i], lot * qg[gr]);
           sc = gr == 0 ? term : sc + term;
         }
+        if constexpr (MASKED && H == 1) sc = visible(t0 + 8 * n + 2 * t + i) ? sc : -INFINITY;
         s[n][i] = sc;
       }
     }
@@ -385,14 +387,11 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       const float4 o2 = xch[(parity * kWarps + (warp ^ 1)) * 32 + lane];
       s[0][0] += o2.x, s[0][1] += o2.y, s[1][0] += o2.z, s[1][1] += o2.w;
       parity ^= 1;  // (a warp writes this buffer again only after the team's next barrier)
-    }
-    if constexpr (MASKED) {
+      if constexpr (MASKED) {
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const std::int64_t T = t0 + 8 * n + 2 * t + i;
-          s[n][i] = (T >= p.sinks && T < lim) ? s[n][i] : -INFINITY;
+          for (int i = 0; i < 2; ++i) s[n][i] = visible(t0 + 8 * n + 2 * t + i) ? s[n][i] : -INFINITY;
         }
       }
     }
