@@ -7,9 +7,10 @@
 // A block (4 warps) owns one (batch, kv head, split of the packed body) and up to 8 query rows;
 // each warp takes tiles of 16 tokens of the split in turn (up to head dim 64 the next tile's loads
 // issued before the current one is used) and keeps its own online softmax; the warps merge at the
-// end (store_merged). At head dim 256 two warps take each tile, 128 channels each (TileLayout). The splits make one wave of resident blocks (plan_tc). The exact sinks and
-// tail go through the float kernel as splits of their own (launch_general with body_splits set),
-// and the general combine merges them all. (docs/performance.md, "Other head dims": the steps and
+// end (store_merged). At head dim 256 two warps take each tile, 128 channels each (TileLayout).
+// The splits make one wave of resident blocks (plan_tc). The exact sinks and tail go through the
+// float kernel as splits of their own (launch_general with body_splits set), and the general
+// combine merges them all. (docs/performance.md, "Other head dims": the steps and
 // what bounds it.)
 //
 // Scores: one mma.sync m16n8k16 (fp16 in, fp32 sums) a k-step of 16 channels and 8 tokens. A rows
