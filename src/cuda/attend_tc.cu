@@ -78,7 +78,9 @@ struct Raw {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) w[i] = 0u;
 #pragma unroll
-      for (int i = 0; i < BYTES; ++i) w[i / 4] |= static_cast<unsigned>(__ldg(p + i)) << (8 * (i % 4));
+      for (int i = 0; i < BYTES; ++i) {
+        w[i / 4] |= static_cast<unsigned>(__ldg(p + i)) << (8 * (i % 4));
+      }
     }
   }
   // byte e
