@@ -39,8 +39,9 @@ struct DeviceCacheImpl;
 // (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4); other shapes go through a
 // general-shape path: a tensor-core kernel at head dims 32, 64, 96, 256 (and
 // 128) with 2- or 4-bit codes and groups of 32, 64 or 128 that divide the row,
-// or of 96 at head dim 96 (faster than fp16 attention there), a float kernel elsewhere (correct
-// everywhere, not tuned: docs/performance.md, "Other head dims").
+// or of 96 at head dim 96 (faster than fp16 attention there), a float kernel
+// elsewhere (correct everywhere, not tuned: docs/performance.md, "Other head
+// dims").
 //
 // Device layout: window-sized slots, one per flushed chunk (rows of chunk 0
 // below n_sink unused), each holding for every (b, h) the rows' codes
