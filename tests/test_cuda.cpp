@@ -770,12 +770,11 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
 // 128 and 256 (keys and values alike, 128 only for widths outside the tuned kernels' six; at 256 two
 // warps share each tile, half the channels each, and exchange their scores' partial sums) with 2-
 // and 4-bit codes and metadata groups of 32, 64 or 128 that divide the row (or 96 at head dim 96,
-// where a wider group is cut to the row); the float kernel takes
-// the sinks and the tail as splits of their own. Each case: every metadata mode among them, reorder on
-// and off, sinks and none, one group a row and several, a group wider than the row (padded to it);
-// 1 to 12 query rows a KV head (12: two launches of 8 rows), decode and prefill rows (causal limits
-// inside a tile), the split count chosen and forced (1, 3 and 17 splits: splits of one tile a warp,
-// empty warps), after appends that end inside and at the end of a window. scripts/gpu.sh runs it also
+// where a wider group is cut to the row); the float kernel takes the sinks and the tail as splits of
+// their own. Each case: every metadata mode among them, reorder on and off, sinks and none, one
+// group a row and several, a group wider than the row (padded to it); 1 to 12 query rows a KV head
+// (12: two launches of 8 rows), decode and prefill rows (causal limits inside a tile), the split
+// count chosen and forced (1, 3 and 17 splits: splits of one tile a warp, empty warps), after appends that end inside and at the end of a window. scripts/gpu.sh runs it also
 // under SKVQ_CUDA_GENERAL=float, where the float kernel takes every token.
 TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
   REQUIRE_GPU();

@@ -1,8 +1,8 @@
 // The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
 // kernels of attend.cu do not take (32, 64, 96, 256 (session 44); 128 with code widths outside
-// their six), where
-// attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
-// token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
+// their six), where attend_general.cu's float kernel does 4 multiply-adds a channel and query row
+// and repeats each token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16
+// kernel's speed).
 //
 // A block (4 warps) owns one (batch, kv head, split of the packed body) and up to 8 query rows;
 // each warp takes tiles of 16 tokens of the split in turn (up to head dim 64 the next tile's loads
@@ -167,9 +167,17 @@ struct ValuePair {
 // channels: its scores' partial sums are exchanged through shared memory, both keep the same
 // softmax, and each accumulates its half of the values (the whole row's query fragments and value
 // accumulators would not fit in a warp's registers).
+constexpr int tc_warps_a_tile(int D) { return D > 128 ? 2 : 1; }
+
+// The team's two warps meet (a named barrier of their 64 threads: ids 1 and 2, the block's
+// __syncthreads being 0).
+__device__ __forceinline__ void team_barrier(int team) {
+  asm volatile("bar.sync %0, 64;" ::"r"(1 + team) : "memory");
+}
+
 template <int KB, int VB, int META, int D, int GS>
 struct TileLayout {
-  static constexpr int kH = D > 128 ? 2 : 1;     // warps a tile
+  static constexpr int kH = tc_warps_a_tile(D);  // warps a tile
   static constexpr int kDW = D / kH;             // channels a warp
   static constexpr int kMb = meta_bytes<META>();
   static constexpr int kKS = kDW / 16;           // key k-steps a warp
@@ -386,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
     }
     if constexpr (H == 2) {  // the other half's partial sums (the same lane of the team's other warp)
       xch[(parity * kWarps + warp) * 32 + lane] = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
-      asm volatile("bar.sync %0, 64;" ::"r"(1 + team) : "memory");
+      team_barrier(team);
       const float4 o2 = xch[(parity * kWarps + (warp ^ 1)) * 32 + lane];
       s[0][0] += o2.x, s[0][1] += o2.y, s[1][0] += o2.z, s[1][1] += o2.w;
       parity ^= 1;  // (a warp writes this buffer again only after the team's next barrier)
@@ -485,8 +493,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
     // both have passed it as often when the block's barrier comes (compute-sanitizer's racecheck
     // counts a thread's barriers: with the counts apart it reported the merge below as a race).
     const std::int64_t tiles = s1 > s0 ? (s1 - s0 + kTok - 1) / kTok : 0;
-    if ((tiles - team + kTeams - 1) / kTeams < (tiles + kTeams - 1) / kTeams)
-      asm volatile("bar.sync %0, 64;" ::"r"(1 + team) : "memory");
+    if ((tiles - team + kTeams - 1) / kTeams < (tiles + kTeams - 1) / kTeams) team_barrier(team);
   }
 
   // the quad's sums, then the block's warps merged: one partial per row and split
@@ -515,8 +522,8 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
 
 template <int D>
 constexpr int tc_smem() {
-  constexpr int teams = D > 128 ? kWarps / 2 : kWarps;
-  constexpr int exchange = D > 128 ? 2 * kWarps * 32 * 4 : 0;
+  constexpr int teams = kWarps / tc_warps_a_tile(D);
+  constexpr int exchange = tc_warps_a_tile(D) == 2 ? 2 * kWarps * 32 * 4 : 0;  // [2][warps][32] float4
   return (teams * kRows * (2 + D) + exchange) * static_cast<int>(sizeof(float));
 }
 

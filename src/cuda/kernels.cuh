@@ -24,8 +24,9 @@ void launch_general(const AttnParams& p, bool dense, float* out, cudaStream_t st
 // The general path's tensor-core kernel for the packed body (attend_tc.cu): tc_shape_ok says whether
 // it takes p's shape (head dims 32, 64, 96, 128 or 256 for keys and values alike, 2- or 4-bit
 // codes, metadata groups of 32, 64 or 128 dividing the row or 96 at head dim 96, the window a
-// multiple of 16, packed rows present; SKVQ_CUDA_GENERAL=float: never), plan_tc sets p's splits for it, launch_tc enqueues it
-// (launch_general does, and the exact tokens' splits and the combine after it).
+// multiple of 16, packed rows present; SKVQ_CUDA_GENERAL=float: never), plan_tc sets p's splits
+// for it, launch_tc enqueues it (launch_general does, and the exact tokens' splits and the combine
+// after it).
 bool tc_shape_ok(const AttnParams& p);
 void plan_tc(AttnParams& p, int requested_splits);
 void launch_tc(const AttnParams& p, cudaStream_t stream);
