@@ -774,8 +774,9 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
 // their own. Each case: every metadata mode among them, reorder on and off, sinks and none, one
 // group a row and several, a group wider than the row (padded to it); 1 to 12 query rows a KV head
 // (12: two launches of 8 rows), decode and prefill rows (causal limits inside a tile), the split
-// count chosen and forced (1, 3 and 17 splits: splits of one tile a warp, empty warps), after appends that end inside and at the end of a window. scripts/gpu.sh runs it also
-// under SKVQ_CUDA_GENERAL=float, where the float kernel takes every token.
+// count chosen and forced (1, 3 and 17 splits: splits of one tile a warp, empty warps), after
+// appends that end inside and at the end of a window. scripts/gpu.sh runs it also under
+// SKVQ_CUDA_GENERAL=float, where the float kernel takes every token.
 TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
   REQUIRE_GPU();
   struct Case {
