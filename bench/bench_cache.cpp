@@ -1,5 +1,5 @@
 // Benchmarks of the layer cache (issue 2): flush throughput (SIMD vs scalar
-// reference, side by side), the decode-step cost of update_and_fetch as the
+// reference on one thread, SIMD on one thread vs all, side by side), the decode-step cost of update_and_fetch as the
 // context grows, and bytes held by the packed-only store vs fp16.
 // Usage: bench_cache [--quick | --flush]
 #include <cmath>
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "bench_util.hpp"
+#include "core/thread_pool.hpp"
 #include "core/quant_params.hpp"
 #include "cpu/quantize_simd.hpp"
 #include "ref/quantize.hpp"
@@ -29,10 +30,14 @@ void flush_table(bool quick) {
   Tensor k, v;
   workload::make_kv(sp, DType::f16, &k, &v);
   const double in_bytes = static_cast<double>(k.nbytes() + v.nbytes());
-  std::printf("## Flush throughput: H=%lld, D=%lld, window 128, %lld tokens per run, fp16 input (K+V), SIMD target %s\n\n",
+  const int all = detail::ThreadPool::global().size();
+  std::printf("## Flush throughput: H=%lld, D=%lld, window 128, %lld tokens per run, fp16 input (K+V), SIMD target %s, "
+              "%d threads\n\n",
               static_cast<long long>(kHeads), static_cast<long long>(kDim), static_cast<long long>(n),
-              cpu::active_target().c_str());
-  std::printf("| bits | group | search | ref tok/s | ref GB/s | SIMD tok/s | SIMD GB/s | SIMD / ref |\n");
+              cpu::active_target().c_str(), all);
+  std::printf("| bits | group | search | ref GB/s, 1 thread | SIMD GB/s, 1 thread | SIMD GB/s, %d threads | SIMD / ref "
+              "| %d threads / 1 |\n",
+              all, all);
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (int bits : {2, 4})
     for (int group : {32, 128})
@@ -43,17 +48,22 @@ void flush_table(bool quick) {
         cfg.group_size = group;
         cfg.clip_search = search;
         cfg.dense_view = false;
-        double t[2];
-        for (int kern = 0; kern < 2; ++kern) {
-          t[kern] = bench::median_seconds(quick ? 1 : 3, [&] {
+        struct Run {
+          Kernel kernel;
+          int threads;
+        };
+        const Run runs[3] = {{Kernel::reference, 1}, {Kernel::simd, 1}, {Kernel::simd, 0}};
+        double t[3];
+        for (int i = 0; i < 3; ++i) {
+          t[i] = bench::median_seconds(quick ? 1 : 3, [&] {
             SkvqCache c(cfg);
-            c.set_kernel(kern == 0 ? Kernel::reference : Kernel::simd);
+            c.set_kernel(runs[i].kernel);
+            c.set_num_threads(runs[i].threads);
             c.append(k.view(), v.view());
           });
         }
-        std::printf("| %d | %d | %s | %.3g | %.3f | %.3g | %.3f | %.2fx |\n", bits, group, search ? "on" : "off",
-                    static_cast<double>(n) / t[0], in_bytes / t[0] / 1e9, static_cast<double>(n) / t[1],
-                    in_bytes / t[1] / 1e9, t[0] / t[1]);
+        std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", bits, group, search ? "on" : "off",
+                    in_bytes / t[0] / 1e9, in_bytes / t[1] / 1e9, in_bytes / t[2] / 1e9, t[0] / t[1], t[1] / t[2]);
       }
   std::printf("\n");
 }

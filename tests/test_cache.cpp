@@ -134,6 +134,69 @@ TEST(Cache, Fp32MetadataIsBitExactWithSpecOracle) {
   }
 }
 
+// The flush cuts each head's rows into blocks of whole bytes of its code
+// stream (8 rows) and runs them on the pool's threads. Every thread count must
+// give the spec oracle's history and the same store: rows whose codes do not
+// end on a byte (D * bits not a multiple of 8), heads cut into several blocks
+// (long windows, few heads), a last block shorter than the others, both
+// quantizer kernels, and more threads than CPUs.
+TEST(Cache, EveryThreadCountGivesTheSameStore) {
+  struct Case {
+    Shape4 shape;
+    int window, n_sink, group, bk, bv;
+  };
+  const Case cases[] = {
+      {{1, 1, 530, 10}, 200, 5, 4, 3, 5},  // one head, 195 rows in chunk 0: several blocks, 30-bit rows
+      {{1, 3, 300, 7}, 97, 0, 3, 5, 1},    // 35- and 7-bit rows, a window of 97
+      {{2, 2, 270, 64}, 64, 3, 16, 2, 4},
+      {{1, 2, 40, 33}, 9, 1, 33, 7, 6},    // 8 rows in chunk 0, 9 after: blocks of one byte-aligned run
+  };
+  for (const auto& c : cases) {
+    Config cfg;
+    cfg.head_dim = static_cast<int>(c.shape[3]);
+    cfg.window = c.window;
+    cfg.n_sink = c.n_sink;
+    cfg.group_size = c.group;
+    cfg.bits_key = c.bk;
+    cfg.bits_value = c.bv;
+    cfg.metadata = MetaType::fp32;
+    Tensor k = randn(c.shape, 610 + static_cast<std::uint32_t>(c.window), DType::f32, true);
+    Tensor v = randn(c.shape, 620 + static_cast<std::uint32_t>(c.window), DType::f32, false);
+    for (Kernel kernel : {Kernel::simd, Kernel::reference}) {
+      SkvqCache one(cfg);
+      one.set_kernel(kernel);
+      one.set_num_threads(1);
+      auto [ko, vo] = one.update_and_fetch(k.view(), v.view());
+      EXPECT_TRUE(matches_oracle(ko, oracle(k.view(), cfg, c.bk))) << "keys, window " << c.window;
+      EXPECT_TRUE(matches_oracle(vo, oracle(v.view(), cfg, c.bv))) << "values, window " << c.window;
+      for (int threads : {0, 2, 3, 64, 0, 2, 0, 2}) {  // repeated: a race shows only now and then
+        SkvqCache many(cfg);
+        many.set_kernel(kernel);
+        many.set_num_threads(threads);
+        EXPECT_EQ(many.num_threads(), threads);
+        auto [km, vm] = many.update_and_fetch(k.view(), v.view());
+        ASSERT_TRUE(many.same_state(one)) << "window " << c.window << ", " << threads << " threads";
+        EXPECT_TRUE(bits_equal(km, ko)) << "window " << c.window << ", " << threads << " threads";
+        EXPECT_TRUE(bits_equal(vm, vo)) << "window " << c.window << ", " << threads << " threads";
+        Tensor kf(DType::f32, k.view().shape), vf(DType::f32, v.view().shape);
+        many.fetch_into(kf.view(), vf.view());
+        EXPECT_TRUE(bits_equal(kf.view(), ko)) << "fetch_into, " << threads << " threads";
+      }
+    }
+  }
+}
+
+TEST(Cache, ThreadCountIsCheckedAndKeptByCopies) {
+  SkvqCache c(spec_config());
+  c.set_num_threads(3);
+  expect_error([&] { c.set_num_threads(-1); }, {"set_num_threads(-1)", ">= 0"});
+  EXPECT_EQ(c.num_threads(), 3);
+  const SkvqCache copy(c);
+  EXPECT_EQ(copy.num_threads(), 3);
+  EXPECT_EQ(dynamic_cast<const SkvqCache&>(*c.clone()).num_threads(), 3);
+  EXPECT_EQ(SkvqCache(spec_config()).num_threads(), 0);
+}
+
 TEST(Cache, PathIndependenceOverRandomSplits) {
   Config cfg = spec_config();
   cfg.group_size = 24;
@@ -273,6 +336,28 @@ TEST(Cache, RejectedCallsLeaveStateUnchanged) {
   // and the cache still works afterwards
   c.update_and_fetch(bad.view(), good.view());
   EXPECT_EQ(c.offset(), 50);
+}
+
+// Long appends are checked a head per thread: the error must still name the
+// first bad element in [b, h, t, d] order, whatever the thread count.
+TEST(Cache, ParallelInputCheckNamesTheFirstBadValue) {
+  Config cfg = spec_config();
+  cfg.metadata = MetaType::fp8_e4m3;  // |x| <= 448
+  const Shape4 shape{2, 3, 1100, 64};  // over detail::kParallelElements a tensor
+  ASSERT_GE(shape[0] * shape[1] * shape[2] * shape[3], detail::kParallelElements);
+  Tensor good = randn(shape, 930), bad = randn(shape, 931);
+  bad.view().set(1, 2, 3, 4, NAN);      // late head, early row
+  bad.view().set(1, 0, 1099, 63, 500);  // earlier head, its last element: the one to name
+  bad.view().set(1, 1, 0, 0, -INFINITY);
+  for (int threads : {1, 2, 0}) {
+    SkvqCache c(cfg);
+    c.set_num_threads(threads);
+    c.update_and_fetch(good.view().slice_tokens(0, 20), good.view().slice_tokens(0, 20));
+    expect_rejected(c, good.view(), bad.view(), "values[1, 0, 1099, 63] = 500 is outside the range of fp8_e4m3");
+    expect_rejected(c, bad.view(), good.view(), "keys[1, 0, 1099, 63]");
+    c.update_and_fetch(good.view(), good.view());  // and the cache still works afterwards
+    EXPECT_EQ(c.offset(), 1120);
+  }
 }
 
 TEST(Cache, ValuesBeyondMetadataRangeAreRejected) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/input_check.hpp"
 #include "core/skvq_state.hpp"
 #include "ref/meta.hpp"
 #include "skvq/skvq.hpp"

@@ -143,6 +143,15 @@ class SkvqCache final : public LayerCache {
 
   void set_kernel(Kernel k);
 
+  // Threads for the cache's own work: the flush of each full window (split by
+  // head and by blocks of rows), fetch_into and the dense view's refresh.
+  // 0 (the default) is every CPU the process may run on (its affinity mask),
+  // as AttendOptions::num_threads; 1 runs it all on the calling thread. The
+  // codes and metadata are the same for every count. Copies keep the setting.
+  // Throws skvq::Error for n < 0 (the setting unchanged).
+  void set_num_threads(int n);
+  int num_threads() const;
+
   // Sizes the dense view for `tokens` tokens ahead of time (no effect in
   // packed-only mode or before the first call fixes B, H and the dtype: it
   // is then applied at the first call). Never shrinks.

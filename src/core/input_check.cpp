@@ -1,10 +1,12 @@
 // Input checks shared by the cache kinds.
 #include "core/input_check.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 #include <vector>
 
+#include "core/thread_pool.hpp"
 #include "cpu/convert_simd.hpp"
 #include "ref/meta.hpp"
 #include "skvq/error.hpp"
@@ -64,9 +66,47 @@ float value_limit(MetaType m, std::string* why) {
   return 0.0f;
 }
 
-void check_values(const TensorView& t, const char* name, float limit, const std::string& why) {
+namespace {
+
+// Rows of head (b, h): throws for the first element (in row-major order) that is not finite or
+// exceeds `limit`.
+void check_head(const TensorView& t, const char* name, std::int64_t b, std::int64_t h, float limit,
+                std::uint16_t f16_limit, const std::string& why, std::vector<float>& row) {
   const auto& s = t.shape;
-  std::vector<float> row(static_cast<std::size_t>(s[3]));
+  row.resize(static_cast<std::size_t>(s[3]));
+  for (std::int64_t i = 0; i < s[2]; ++i) {
+    if (t.strides[3] == 1 && t.dtype == DType::f16 &&
+        cpu::max_abs_bits16(reinterpret_cast<const std::uint16_t*>(t.ptr(b, h, i, 0)), s[3]) <= f16_limit) {
+      continue;
+    }
+    if (t.strides[3] == 1) {
+      cpu::load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
+    } else {
+      for (std::int64_t d = 0; d < s[3]; ++d) row[static_cast<std::size_t>(d)] = t.at(b, h, i, d);
+    }
+    if (cpu::max_abs(row.data(), s[3]) <= limit) continue;  // false for NaN: find the culprit below
+    for (std::int64_t d = 0; d < s[3]; ++d) {
+      const float x = row[static_cast<std::size_t>(d)];
+      if (!std::isfinite(x)) {
+        std::ostringstream os;
+        os << "skvq: " << pos(name, b, h, i, d) << " = " << x
+           << " is not finite (NaN and infinity cannot be quantized)";
+        throw Error(os.str());
+      }
+      if (std::fabs(x) > limit) {
+        std::ostringstream os;
+        os << "skvq: " << pos(name, b, h, i, d) << " = " << x << " is outside " << why << " (|x| <= " << limit
+           << ")";
+        throw Error(os.str());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void check_values(const TensorView& t, const char* name, float limit, const std::string& why, int threads) {
+  const auto& s = t.shape;
   // fp16 rows: compare magnitude bits, no conversion (|x| <= limit <=> bits(|x|) <= bits(limit)
   // where limit rounds down to an fp16; infinity and NaN sort above every finite value).
   std::uint16_t f16_limit = 0x7bff;  // 65504
@@ -74,35 +114,28 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
     f16_limit = f32_to_f16(limit);
     if (f16_to_f32(f16_limit) > limit) --f16_limit;
   }
-  for (std::int64_t b = 0; b < s[0]; ++b)
-    for (std::int64_t h = 0; h < s[1]; ++h)
-      for (std::int64_t i = 0; i < s[2]; ++i) {
-        if (t.strides[3] == 1 && t.dtype == DType::f16 &&
-            cpu::max_abs_bits16(reinterpret_cast<const std::uint16_t*>(t.ptr(b, h, i, 0)), s[3]) <= f16_limit) {
-          continue;
-        }
-        if (t.strides[3] == 1) {
-          cpu::load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
-        } else {
-          for (std::int64_t d = 0; d < s[3]; ++d) row[static_cast<std::size_t>(d)] = t.at(b, h, i, d);
-        }
-        if (cpu::max_abs(row.data(), s[3]) <= limit) continue;  // false for NaN: find the culprit below
-        for (std::int64_t d = 0; d < s[3]; ++d) {
-          const float x = row[static_cast<std::size_t>(d)];
-          if (!std::isfinite(x)) {
-            std::ostringstream os;
-            os << "skvq: " << pos(name, b, h, i, d) << " = " << x
-               << " is not finite (NaN and infinity cannot be quantized)";
-            throw Error(os.str());
-          }
-          if (std::fabs(x) > limit) {
-            std::ostringstream os;
-            os << "skvq: " << pos(name, b, h, i, d) << " = " << x << " is outside " << why
-               << " (|x| <= " << limit << ")";
-            throw Error(os.str());
-          }
-        }
+  const std::int64_t heads = s[0] * s[1];
+  if (threads > 1 && heads > 1 && t.numel() >= kParallelElements) {
+    // Heads in parallel; the first bad head, in order, is then checked again for its message.
+    std::vector<char> bad(static_cast<std::size_t>(heads), 0);
+    ThreadPool::global().parallel_for(heads, threads, [&](std::int64_t bh) {
+      thread_local std::vector<float> row;
+      try {
+        check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
+      } catch (const Error&) {
+        bad[static_cast<std::size_t>(bh)] = 1;
       }
+    });
+    const auto first = std::find(bad.begin(), bad.end(), 1);
+    if (first == bad.end()) return;
+    const std::int64_t bh = first - bad.begin();
+    std::vector<float> row;
+    check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
+    return;
+  }
+  std::vector<float> row;
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1]; ++h) check_head(t, name, b, h, limit, f16_limit, why, row);
 }
 
 }  // namespace skvq::detail

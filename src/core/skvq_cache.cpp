@@ -46,47 +46,56 @@ void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh
 
 namespace {
 
-// Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`.
+// Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`; heads on
+// up to `threads` of the pool's threads when the rows are many.
 void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte* dst,
-               std::int64_t cap, std::int64_t row0) {
+               std::int64_t cap, std::int64_t row0, int threads) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(src.dtype));
   const bool rows_contiguous = src.strides[3] == 1 && src.strides[2] == D;
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h) {
-      if (rows_contiguous) {  // the n rows of (b, h) are one block in both
-        std::memcpy(dst + (((b * H + h) * cap) + row0) * D * es, src.ptr(b, h, t0, 0), static_cast<std::size_t>(n * D * es));
-        continue;
-      }
-      for (std::int64_t i = 0; i < n; ++i) {
-        std::byte* out = dst + (((b * H + h) * cap) + row0 + i) * D * es;
-        if (src.strides[3] == 1) {
-          std::memcpy(out, src.ptr(b, h, t0 + i, 0), static_cast<std::size_t>(D * es));
-        } else {
-          for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, src.ptr(b, h, t0 + i, d), es);
-        }
+  const auto head = [&](std::int64_t bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    if (rows_contiguous) {  // the n rows of (b, h) are one block in both
+      std::memcpy(dst + ((bh * cap) + row0) * D * es, src.ptr(b, h, t0, 0), static_cast<std::size_t>(n * D * es));
+      return;
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::byte* out = dst + ((bh * cap) + row0 + i) * D * es;
+      if (src.strides[3] == 1) {
+        std::memcpy(out, src.ptr(b, h, t0 + i, 0), static_cast<std::size_t>(D * es));
+      } else {
+        for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, src.ptr(b, h, t0 + i, d), es);
       }
     }
+  };
+  if (B * H * n * D >= detail::kParallelElements) {
+    detail::ThreadPool::global().parallel_for(B * H, threads, head);
+  } else {
+    for (std::int64_t bh = 0; bh < B * H; ++bh) head(bh);
+  }
+}
+
+// Threads for the cache's own work: set_num_threads' count, 0 meaning the whole pool.
+int cache_threads(const SkvqState& st) {
+  const int pool = detail::ThreadPool::global().size();
+  return st.threads > 0 ? std::min(st.threads, pool) : pool;
 }
 
 // Stable sort of channels by ascending range (max - min over the chunk's B*r
-// rows of head h), NaN last; frozen as perm, with its inverse.
+// rows of head h), NaN last; frozen as perm, with its inverse. Heads in parallel.
 void compute_perms(const SkvqState& st, Side& s) {
   const std::int64_t B = st.batch, H = st.heads, D = s.head_dim, r = st.cfg.window;
   const std::int64_t es = st.esize();
   s.perm.assign(static_cast<std::size_t>(H * D), 0);
   s.inv.assign(static_cast<std::size_t>(H * D), 0);
-  std::vector<float> mn(D), mx(D), range(D);
-  for (std::int64_t h = 0; h < H; ++h) {
-    std::fill(mn.begin(), mn.end(), INFINITY);
-    std::fill(mx.begin(), mx.end(), -INFINITY);
+  detail::ThreadPool::global().parallel_for(H, cache_threads(st), [&](std::int64_t h) {
+    std::vector<float> mn(D, INFINITY), mx(D, -INFINITY), range(D), x(D);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < r; ++t) {
-        const std::byte* row = s.tail.data() + ((b * H + h) * r + t) * D * es;
+        cpu::load_row_f32(s.tail.data() + ((b * H + h) * r + t) * D * es, st.dtype, D, x.data());
         for (std::int64_t c = 0; c < D; ++c) {
-          const float x = load_as_f32(row + c * es, st.dtype);
-          mn[c] = std::min(mn[c], x);
-          mx[c] = std::max(mx[c], x);
+          mn[c] = std::min(mn[c], x[c]);
+          mx[c] = std::max(mx[c], x[c]);
         }
       }
     for (std::int64_t c = 0; c < D; ++c) range[c] = mx[c] - mn[c];
@@ -99,7 +108,7 @@ void compute_perms(const SkvqState& st, Side& s) {
       return ra < rb;
     });
     for (std::int64_t j = 0; j < D; ++j) s.inv[h * D + p[j]] = static_cast<std::int32_t>(j);
-  }
+  });
 }
 
 // Per-thread scratch of the flush (grown, never shrunk).
@@ -121,7 +130,24 @@ struct Scratch {
   }
 };
 
-// Flushes the full tail (chunk starting at token st.q_end) of one side.
+// How a flush's nq rows a head are cut into tasks: blocks of `rows` rows (a
+// multiple of 8, so that every block's codes start on a whole byte of the
+// head's stream and no two tasks write one byte), `per_head` blocks a head,
+// about four tasks a thread where the heads alone give fewer.
+struct FlushTasks {
+  std::int64_t rows = 0, per_head = 0;
+};
+FlushTasks flush_tasks(std::int64_t heads, std::int64_t nq, int threads) {
+  const std::int64_t want = (4 * static_cast<std::int64_t>(threads) + heads - 1) / heads;
+  const std::int64_t blocks = std::clamp<std::int64_t>(want, 1, (nq + 7) / 8);
+  FlushTasks t;
+  t.rows = ((nq + blocks - 1) / blocks + 7) / 8 * 8;
+  t.per_head = (nq + t.rows - 1) / t.rows;
+  return t;
+}
+
+// Flushes the full tail (chunk starting at token st.q_end) of one side: each
+// task quantizes, packs and stores the metadata of its own rows of one head.
 void flush_side(SkvqState& st, Side& s) {
   const Config& cfg = st.cfg;
   const std::int64_t r = cfg.window, BH = st.batch * st.heads, D = s.head_dim;
@@ -132,37 +158,6 @@ void flush_side(SkvqState& st, Side& s) {
   const std::int64_t es = st.esize();
   if (first && cfg.reorder) compute_perms(st, s);
 
-  // The rows to quantize as float32; the quantizer gathers them permuted and padded.
-  const std::size_t n_x = static_cast<std::size_t>(BH * nq * P), n_meta = static_cast<std::size_t>(BH * nq * G);
-  thread_local Scratch scratch;
-  scratch.reserve(n_x, n_meta);
-  float* const x = scratch.x.get();
-  float* const lo = scratch.lo.get();
-  float* const scale = scratch.scale.get();
-  std::uint8_t* const codes = scratch.codes.get();
-  for (std::int64_t bh = 0; bh < BH; ++bh) {
-    cpu::load_row_f32(s.tail.data() + (bh * r + skip) * D * es, st.dtype, nq * D, x + bh * nq * D);
-  }
-  const std::vector<float> grid = cfg.clip_grid();
-  QuantParams qp;
-  qp.x = x;
-  qp.n_rows = BH * nq;
-  qp.dim = static_cast<int>(D);
-  qp.perm = s.perm.empty() ? nullptr : s.perm.data();
-  qp.rows_per_perm = nq;
-  qp.n_perms = static_cast<int>(st.heads);
-  qp.padded_dim = P;
-  qp.group_size = g;
-  qp.bits = s.bits;
-  qp.grid = grid.data();
-  qp.n_grid = static_cast<int>(grid.size());
-  qp.meta = cfg.metadata;
-  qp.codes = codes;
-  qp.lo = lo;
-  qp.scale = scale;
-  if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
-  else cpu::quantize_rows(qp);
-
   PackedChunk ch;
   ch.n_rows = nq;
   const std::int64_t cph = st.codes_per_head(s, nq);
@@ -170,15 +165,43 @@ void flush_side(SkvqState& st, Side& s) {
   ch.codes.assign(static_cast<std::size_t>(BH * cph), 0);
   ch.lo.assign(static_cast<std::size_t>(BH * nq * G * m), 0);
   ch.scale.assign(ch.lo.size(), 0);
-  for (std::int64_t bh = 0; bh < BH; ++bh) {
-    for (std::int64_t i = 0; i < nq; ++i) {
-      ref::pack_codes(codes + (bh * nq + i) * P, D, s.bits, ch.codes.data() + bh * cph, i * D);
+  const std::vector<float> grid = cfg.clip_grid();
+  const int threads = cache_threads(st);
+  const FlushTasks tasks = flush_tasks(BH, nq, threads);
+  detail::ThreadPool::global().parallel_for(BH * tasks.per_head, threads, [&](std::int64_t task) {
+    const std::int64_t bh = task / tasks.per_head, i0 = (task % tasks.per_head) * tasks.rows;
+    const std::int64_t n = std::min(tasks.rows, nq - i0);
+    // The rows as float32; the quantizer gathers them permuted and padded.
+    thread_local Scratch scratch;
+    scratch.reserve(static_cast<std::size_t>(n * P), static_cast<std::size_t>(n * G));
+    cpu::load_row_f32(s.tail.data() + (bh * r + skip + i0) * D * es, st.dtype, n * D, scratch.x.get());
+    QuantParams qp;
+    qp.x = scratch.x.get();
+    qp.n_rows = n;
+    qp.dim = static_cast<int>(D);
+    qp.perm = s.perm.empty() ? nullptr : s.perm.data() + (bh % st.heads) * D;
+    qp.rows_per_perm = n;
+    qp.n_perms = 1;
+    qp.padded_dim = P;
+    qp.group_size = g;
+    qp.bits = s.bits;
+    qp.grid = grid.data();
+    qp.n_grid = static_cast<int>(grid.size());
+    qp.meta = cfg.metadata;
+    qp.codes = scratch.codes.get();
+    qp.lo = scratch.lo.get();
+    qp.scale = scratch.scale.get();
+    if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
+    else cpu::quantize_rows(qp);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ref::pack_codes(qp.codes + i * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + i) * D);
     }
-  }
-  for (std::size_t e = 0; e < n_meta; ++e) {
-    ref::meta_store(ch.lo.data() + e * m, cfg.metadata, lo[e]);
-    ref::meta_store(ch.scale.data() + e * m, cfg.metadata, scale[e]);
-  }
+    const std::int64_t e0 = (bh * nq + i0) * G;
+    for (std::int64_t e = 0; e < n * G; ++e) {
+      ref::meta_store(ch.lo.data() + (e0 + e) * m, cfg.metadata, qp.lo[e]);
+      ref::meta_store(ch.scale.data() + (e0 + e) * m, cfg.metadata, qp.scale[e]);
+    }
+  });
   if (first && skip > 0) {  // sink rows stay exact, apart from the packed store
     s.sinks.assign(static_cast<std::size_t>(BH * skip * D * es), std::byte{0});
     for (std::int64_t bh = 0; bh < BH; ++bh) {
@@ -189,8 +212,7 @@ void flush_side(SkvqState& st, Side& s) {
   s.chunks.push_back(std::move(ch));
 
   if (!s.dense.empty()) {  // the dense view now shows the reconstruction
-    auto& pool = detail::ThreadPool::global();
-    pool.parallel_for(BH, pool.size(), [&](std::int64_t bh) {
+    detail::ThreadPool::global().parallel_for(BH, threads, [&](std::int64_t bh) {
       thread_local std::vector<float> rec;
       rec.resize(static_cast<std::size_t>(nq * D));
       st.dequantize(s, s.chunks.size() - 1, bh, 0, nq, rec.data());
@@ -250,8 +272,8 @@ void check_append(const SkvqState& st, const TensorView& k, const TensorView& v)
   }
   std::string why;
   const float limit = detail::value_limit(cfg.metadata, &why);
-  detail::check_values(k, "keys", limit, why);
-  detail::check_values(v, "values", limit, why);
+  detail::check_values(k, "keys", limit, why, cache_threads(st));
+  detail::check_values(v, "values", limit, why, cache_threads(st));
 }
 
 void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
@@ -281,11 +303,12 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
   for (std::int64_t t = 0; t < S;) {
     const std::int64_t live = st.offset - st.q_end;
     const std::int64_t n = std::min(S - t, r - live);
-    copy_rows(k, t, n, st.k.tail.data(), r, live);
-    copy_rows(v, t, n, st.v.tail.data(), r, live);
+    const int threads = cache_threads(st);
+    copy_rows(k, t, n, st.k.tail.data(), r, live, threads);
+    copy_rows(v, t, n, st.v.tail.data(), r, live, threads);
     if (cfg.dense_view) {
-      copy_rows(k, t, n, st.k.dense.data(), st.dense_cap, st.offset);
-      copy_rows(v, t, n, st.v.dense.data(), st.dense_cap, st.offset);
+      copy_rows(k, t, n, st.k.dense.data(), st.dense_cap, st.offset, threads);
+      copy_rows(v, t, n, st.v.dense.data(), st.dense_cap, st.offset, threads);
     }
     st.offset += n;
     t += n;
@@ -313,8 +336,7 @@ void copy_exact_row(const std::byte* src, DType sdt, const TensorView& dst, std:
 void fetch_side(const SkvqState& st, const Side& s, const TensorView& out) {
   const std::int64_t H = st.heads, D = s.head_dim, r = st.cfg.window, es = st.esize();
   const std::int64_t sinks = st.sinks_held();
-  auto& pool = detail::ThreadPool::global();
-  pool.parallel_for(st.batch * H, pool.size(), [&](std::int64_t bh) {  // each (b, h) its own rows of out
+  detail::ThreadPool::global().parallel_for(st.batch * H, cache_threads(st), [&](std::int64_t bh) {  // each (b, h) its own rows of out
     const std::int64_t b = bh / H, h = bh % H;
     thread_local std::vector<float> rec;
     for (std::int64_t t = 0; t < sinks; ++t) {
@@ -369,6 +391,12 @@ SkvqCache& SkvqCache::operator=(SkvqCache&&) noexcept = default;
 SkvqCache::~SkvqCache() = default;
 
 void SkvqCache::set_kernel(Kernel k) { state_->kernel = k; }
+
+void SkvqCache::set_num_threads(int n) {
+  if (n < 0) throw Error("skvq: set_num_threads(" + std::to_string(n) + ") must be >= 0 (0: every CPU)");
+  state_->threads = n;
+}
+int SkvqCache::num_threads() const { return state_->threads; }
 
 void SkvqCache::reserve(std::int64_t tokens) {
   SkvqState& st = *state_;

@@ -49,6 +49,7 @@ struct Side {
 struct SkvqState {
   Config cfg;
   Kernel kernel = Kernel::simd;
+  int threads = 0;           // set_num_threads: 0 is every CPU of the pool
   bool initialized = false;  // B, H, Dv and dtype are fixed by the first accepted call
   DType dtype = DType::f16;
   std::int64_t batch = 0;
