@@ -99,6 +99,19 @@ bool matches_oracle(const TensorView& got, const std::vector<float>& want) {
   return true;
 }
 
+// A layout's config with float32 metadata, where the cache must match the oracle bit for bit.
+Config oracle_config(std::int64_t head_dim, int window, int n_sink, int group, int bits_key, int bits_value) {
+  Config cfg;
+  cfg.head_dim = static_cast<int>(head_dim);
+  cfg.window = window;
+  cfg.n_sink = n_sink;
+  cfg.group_size = group;
+  cfg.bits_key = bits_key;
+  cfg.bits_value = bits_value;
+  cfg.metadata = MetaType::fp32;
+  return cfg;
+}
+
 TEST(Cache, Fp32MetadataIsBitExactWithSpecOracle) {
   struct Case {
     Shape4 shape;
@@ -114,17 +127,10 @@ TEST(Cache, Fp32MetadataIsBitExactWithSpecOracle) {
       {{1, 4, 33, 64}, 2, 1, 7, 5, 6, true, true, DType::f32},
   };
   for (const auto& c : cases) {
-    Config cfg;
-    cfg.head_dim = static_cast<int>(c.shape[3]);
-    cfg.window = c.window;
-    cfg.n_sink = c.n_sink;
-    cfg.group_size = c.group;
-    cfg.bits_key = c.bk;
-    cfg.bits_value = c.bv;
+    Config cfg = oracle_config(c.shape[3], c.window, c.n_sink, c.group, c.bk, c.bv);
     cfg.reorder = c.reorder;
     cfg.clip_search = c.search;
     cfg.clip_alpha = 0.93f;
-    cfg.metadata = MetaType::fp32;
     Tensor k = randn(c.shape, 300 + static_cast<std::uint32_t>(c.window), c.dtype, true);
     Tensor v = randn(c.shape, 400 + static_cast<std::uint32_t>(c.window), c.dtype, false);
     SkvqCache cache(cfg);
@@ -152,14 +158,7 @@ TEST(Cache, EveryThreadCountGivesTheSameStore) {
       {{1, 2, 40, 33}, 9, 1, 33, 7, 6},    // 8 rows in chunk 0, 9 after: blocks of one byte-aligned run
   };
   for (const auto& c : cases) {
-    Config cfg;
-    cfg.head_dim = static_cast<int>(c.shape[3]);
-    cfg.window = c.window;
-    cfg.n_sink = c.n_sink;
-    cfg.group_size = c.group;
-    cfg.bits_key = c.bk;
-    cfg.bits_value = c.bv;
-    cfg.metadata = MetaType::fp32;
+    const Config cfg = oracle_config(c.shape[3], c.window, c.n_sink, c.group, c.bk, c.bv);
     Tensor k = randn(c.shape, 610 + static_cast<std::uint32_t>(c.window), DType::f32, true);
     Tensor v = randn(c.shape, 620 + static_cast<std::uint32_t>(c.window), DType::f32, false);
     for (Kernel kernel : {Kernel::simd, Kernel::reference}) {
