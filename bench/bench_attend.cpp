@@ -2,7 +2,7 @@
 // and 4/4 bits vs dense fp16 attention through the same kernel vs
 // materialize-then-attend, side by side, with bytes read per step and the
 // machine's copy bandwidth measured in the same run.
-// Usage: bench_attend [--quick | --len N (one row) | --layout N]
+// Usage: bench_attend [--quick | --len N (one row)] [--kv-heads H (grouped-query: Hq = 32 over H)] | --layout N
 //   --layout N: K2V2 and K4V4 at kv_len N with the store on huge pages or on
 //   4 KiB pages, walked chunk by chunk or head by head (SKVQ_CPU_WALK=head),
 //   all four timed in turns with the copy.
@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "bench_util.hpp"
+#include "core/skvq_state.hpp"
 #include "core/store_alloc.hpp"
 #include "core/thread_pool.hpp"
 #include "cpu/quantize_simd.hpp"
@@ -63,7 +64,7 @@ struct HugeF16 {
 // A long history by tiling a shorter synthetic one (timing does not depend on the values).
 void tiled_kv(std::int64_t len, HugeF16* k, HugeF16* v) {
   workload::SyntheticSpec sp;
-  sp.num_kv_heads = kHeads;
+  sp.num_kv_heads = k->view().shape[1];
   sp.head_dim = kDim;
   sp.kv_len = std::min<std::int64_t>(len, 4096);
   Tensor k0, v0;
@@ -77,7 +78,7 @@ void tiled_kv(std::int64_t len, HugeF16* k, HugeF16* v) {
 
 std::int64_t packed_read_bytes(const SkvqCache& c) {
   const StoredBytes s = c.stored_bytes();
-  const std::int64_t live_tail = (c.offset() - c.q_end()) * kHeads * kDim * 2 * 2;
+  const std::int64_t live_tail = (c.offset() - c.q_end()) * c.state().heads * kDim * 2 * 2;
   return s.codes + s.metadata + s.sinks + live_tail;
 }
 
@@ -125,10 +126,26 @@ int layout_table(std::int64_t len) {
 
 int main(int argc, char** argv) {
   if (argc > 2 && std::strcmp(argv[1], "--layout") == 0) return layout_table(std::atoll(argv[2]));
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  std::int64_t one_len = 0, kv_heads = kHeads;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    else if (std::strcmp(argv[i], "--len") == 0 && i + 1 < argc) one_len = std::atoll(argv[++i]);
+    else if (std::strcmp(argv[i], "--kv-heads") == 0 && i + 1 < argc) kv_heads = std::atoll(argv[++i]);
+    else {
+      std::fprintf(stderr, "bench_attend: unknown or incomplete argument '%s'\n"
+                   "usage: bench_attend [--quick | --len N] [--kv-heads H] | --layout N\n", argv[i]);
+      return 2;
+    }
+  }
+  if (kv_heads < 1 || kHeads % kv_heads != 0) {
+    std::fprintf(stderr, "bench_attend: --kv-heads %lld must divide %lld\n", static_cast<long long>(kv_heads),
+                 static_cast<long long>(kHeads));
+    return 2;
+  }
   const int threads = detail::ThreadPool::global().size();
-  std::printf("## Decode attention, one step: B=1, Hq=H=32, D=128, fp16 history, %d threads, SIMD target %s\n\n", threads,
-              cpu::active_target().c_str());
+  std::printf("## Decode attention, one step: B=1, Hq=32, H=%lld, D=128, fp16 history, %d threads, SIMD target %s\n\n",
+              static_cast<long long>(kv_heads), threads, cpu::active_target().c_str());
   std::printf("copy bandwidth (read+write, %d threads) measured with every row: a shared VM's memory bandwidth can\n"
               "drift over minutes (one dev VM moved between 40 and 75 GB/s), so the copy, dense fp16, K2V2 and K4V4\n"
               "are timed in turns (medians of the rounds) and each row's shares are of the copy bandwidth measured in\n"
@@ -139,9 +156,9 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<std::int64_t> lens = {1024, 4096, 16384, 65536, 131072};
   if (quick) lens = {1024, 4096};
-  if (argc > 2 && std::strcmp(argv[1], "--len") == 0) lens = {std::atoll(argv[2])};  // one row
+  if (one_len > 0) lens = {one_len};  // one row
   const std::int64_t max_len = lens.back();
-  HugeF16 k({1, kHeads, max_len, kDim}), v({1, kHeads, max_len, kDim});
+  HugeF16 k({1, kv_heads, max_len, kDim}), v({1, kv_heads, max_len, kDim});
   tiled_kv(max_len, &k, &v);
   Tensor q = Tensor(DType::f32, {1, kHeads, 1, kDim});
   workload::fill_normal(q.view(), 99, 0.5f);
@@ -164,12 +181,12 @@ int main(int argc, char** argv) {
         reps, {[&] { copy.run(); }, [&] { attend_dense(q.view(), kd, vd, scale, out.view()); },
                [&] { attend(p2, q.view(), scale, out.view()); }, [&] { attend(p4, q.view(), scale, out.view()); }});
     const double bw = CopyProbe::bandwidth(med[0]), t_dense = med[1], t2 = med[2], t4 = med[3];
-    HugeF16 km({1, kHeads, len, kDim}), vm({1, kHeads, len, kDim});
+    HugeF16 km({1, kv_heads, len, kDim}), vm({1, kv_heads, len, kDim});
     const double tm = bench::median_seconds(reps, [&] {
       p2.fetch_into(km.view(), vm.view());
       attend_dense(q.view(), km.view(), vm.view(), scale, out.view());
     });
-    const double b_dense = static_cast<double>(2 * kHeads * len * kDim * 2);
+    const double b_dense = static_cast<double>(2 * kv_heads * len * kDim * 2);
     const double b2 = static_cast<double>(packed_read_bytes(p2)), b4 = static_cast<double>(packed_read_bytes(p4));
     std::printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.1f | %.1f | %.1f | %.1f | %.0f%% | %.0f%% | %.0f%% |\n",
                 static_cast<long long>(len), t_dense * 1e3, t2 * 1e3, t4 * 1e3, tm * 1e3, t_dense / t2, t_dense / t4,
