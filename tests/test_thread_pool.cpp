@@ -67,6 +67,32 @@ TEST(ThreadPool, NestedCallRunsInline) {
   expect_each_once(pool, 100, 4);
 }
 
+// parallel_ranges: contiguous, non-empty ranges covering [0, n) once, at most 4 a thread, of
+// sizes within one of each other; fewer items than ranges give a range an item.
+TEST(ThreadPool, RangesCoverEveryIndexOnce) {
+  ThreadPool pool(3);
+  for (std::int64_t n : {1, 2, 7, 16, 17, 1000, 2049})
+    for (int threads : {1, 2, 4}) {
+      std::vector<std::atomic<int>> hits(static_cast<std::size_t>(n));
+      std::atomic<std::int64_t> ranges{0}, smallest{n}, largest{0};
+      pool.parallel_ranges(n, threads, [&](std::int64_t b, std::int64_t e) {
+        ASSERT_LT(b, e);
+        ranges.fetch_add(1);
+        std::int64_t s = smallest.load();
+        while (e - b < s && !smallest.compare_exchange_weak(s, e - b)) {
+        }
+        std::int64_t l = largest.load();
+        while (e - b > l && !largest.compare_exchange_weak(l, e - b)) {
+        }
+        for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)].fetch_add(1);
+      });
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)].load(), 1) << n << " " << i;
+      EXPECT_EQ(ranges.load(), std::min<std::int64_t>(n, 4 * threads)) << n;
+      EXPECT_LE(largest.load() - smallest.load(), 1) << n;
+    }
+  pool.parallel_ranges(0, 4, [](std::int64_t, std::int64_t) { FAIL() << "no range for n = 0"; });
+}
+
 #if defined(__linux__)
 #include <sched.h>
 

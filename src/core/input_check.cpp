@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -116,19 +117,24 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
   }
   const std::int64_t heads = s[0] * s[1];
   if (threads > 1 && heads > 1 && t.numel() >= kParallelElements) {
-    // Heads in parallel; the first bad head, in order, is then checked again for its message.
-    std::vector<char> bad(static_cast<std::size_t>(heads), 0);
-    ThreadPool::global().parallel_for(heads, threads, [&](std::int64_t bh) {
+    // Ranges of heads in parallel, each noting its first bad head; the first of those, in order, is
+    // then checked again for its message.
+    std::vector<std::int64_t> bad;
+    std::mutex mu;
+    ThreadPool::global().parallel_ranges(heads, threads, [&](std::int64_t bh0, std::int64_t bh1) {
       thread_local std::vector<float> row;
-      try {
-        check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
-      } catch (const Error&) {
-        bad[static_cast<std::size_t>(bh)] = 1;
+      for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+        try {
+          check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
+        } catch (const Error&) {
+          const std::lock_guard<std::mutex> lk(mu);
+          bad.push_back(bh);
+          return;
+        }
       }
     });
-    const auto first = std::find(bad.begin(), bad.end(), 1);
-    if (first == bad.end()) return;
-    const std::int64_t bh = first - bad.begin();
+    if (bad.empty()) return;
+    const std::int64_t bh = *std::min_element(bad.begin(), bad.end());
     std::vector<float> row;
     check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
     return;

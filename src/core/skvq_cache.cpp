@@ -68,11 +68,10 @@ void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte
       }
     }
   };
-  if (B * H * n * D >= detail::kParallelElements) {
-    detail::ThreadPool::global().parallel_for(B * H, threads, head);
-  } else {
-    for (std::int64_t bh = 0; bh < B * H; ++bh) head(bh);
-  }
+  if (B * H * n * D < detail::kParallelElements) threads = 1;
+  detail::ThreadPool::global().parallel_ranges(B * H, threads, [&](std::int64_t bh0, std::int64_t bh1) {
+    for (std::int64_t bh = bh0; bh < bh1; ++bh) head(bh);
+  });
 }
 
 // Threads for the cache's own work: set_num_threads' count, 0 meaning the whole pool.

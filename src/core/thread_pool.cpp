@@ -141,4 +141,11 @@ void ThreadPool::parallel_for(std::int64_t n, int threads, const std::function<v
   if (error_) std::rethrow_exception(error_);
 }
 
+void ThreadPool::parallel_ranges(std::int64_t n, int threads,
+                                 const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  if (n <= 0) return;
+  const std::int64_t parts = std::min<std::int64_t>(n, 4 * static_cast<std::int64_t>(std::max(threads, 1)));
+  parallel_for(parts, threads, [&](std::int64_t i) { fn(i * n / parts, (i + 1) * n / parts); });
+}
+
 }  // namespace skvq::detail

@@ -36,6 +36,10 @@ class ThreadPool {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   static constexpr std::chrono::microseconds kSpin{100};
   void parallel_for(std::int64_t n, int threads, const std::function<void(std::int64_t)>& fn);
+  // [0, n) cut into at most 4 * threads contiguous ranges of near-equal size, fn(begin, end) once
+  // each, on up to `threads` threads: for many small items (a decode step's rows), where a task
+  // each would cost more in claiming than in work.
+  void parallel_ranges(std::int64_t n, int threads, const std::function<void(std::int64_t, std::int64_t)>& fn);
 
  private:
   void worker_loop();
