@@ -16,7 +16,7 @@ void check_kv_pair(const TensorView& keys, const TensorView& values);
 // Every element finite and |x| <= limit; the error names the first bad
 // position. `why` explains the limit ("the range of fp16 metadata").
 // threads > 1: a tensor of kParallelElements or more is read by up to that
-// many of the pool's threads, a head each (the same error either way).
+// many of the pool's threads, in ranges of heads (the same error either way).
 void check_values(const TensorView& t, const char* name, float limit, const std::string& why, int threads = 1);
 
 // Elements from which the cache's copies and checks use the pool's threads:
