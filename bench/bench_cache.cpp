@@ -53,24 +53,17 @@ void flush_table(bool quick) {
           int threads;
         };
         const Run runs[3] = {{Kernel::reference, 1}, {Kernel::simd, 1}, {Kernel::simd, 0}};
-        // The three interleaved, a round each, so that a slow spell of the machine hits all three;
-        // the median round of each.
-        std::vector<double> times[3];
-        for (int round = 0; round < (quick ? 1 : 7); ++round) {
-          for (int i = 0; i < 3; ++i) {
-            const double a = bench::now_seconds();
+        std::vector<std::function<void()>> fns;
+        for (const Run& run : runs) {
+          fns.push_back([&] {
             SkvqCache c(cfg);
-            c.set_kernel(runs[i].kernel);
-            c.set_num_threads(runs[i].threads);
+            c.set_kernel(run.kernel);
+            c.set_num_threads(run.threads);
             c.append(k.view(), v.view());
-            times[i].push_back(bench::now_seconds() - a);
-          }
+          });
         }
-        double t[3];
-        for (int i = 0; i < 3; ++i) {
-          std::sort(times[i].begin(), times[i].end());
-          t[i] = times[i][times[i].size() / 2];
-        }
+        // in turns, so that a slow spell of the machine hits all three
+        const std::vector<double> t = bench::interleaved_medians(quick ? 1 : 7, fns);
         std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.2fx | %.2fx |\n", bits, group, search ? "on" : "off",
                     in_bytes / t[0] / 1e9, in_bytes / t[1] / 1e9, in_bytes / t[2] / 1e9, t[0] / t[1], t[1] / t[2]);
       }
