@@ -115,33 +115,28 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
     f16_limit = f32_to_f16(limit);
     if (f16_to_f32(f16_limit) > limit) --f16_limit;
   }
+  // Ranges of heads (in parallel for large tensors), each noting its first bad head; the first of
+  // those, in order, is then checked again for its message.
   const std::int64_t heads = s[0] * s[1];
-  if (threads > 1 && heads > 1 && t.numel() >= kParallelElements) {
-    // Ranges of heads in parallel, each noting its first bad head; the first of those, in order, is
-    // then checked again for its message.
-    std::vector<std::int64_t> bad;
-    std::mutex mu;
-    ThreadPool::global().parallel_ranges(heads, threads, [&](std::int64_t bh0, std::int64_t bh1) {
-      thread_local std::vector<float> row;
-      for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-        try {
-          check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
-        } catch (const Error&) {
-          const std::lock_guard<std::mutex> lk(mu);
-          bad.push_back(bh);
-          return;
-        }
+  if (t.numel() < kParallelElements) threads = 1;
+  std::vector<std::int64_t> bad;
+  std::mutex mu;
+  ThreadPool::global().parallel_ranges(heads, threads, [&](std::int64_t bh0, std::int64_t bh1) {
+    thread_local std::vector<float> row;
+    for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+      try {
+        check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
+      } catch (const Error&) {
+        const std::lock_guard<std::mutex> lk(mu);
+        bad.push_back(bh);
+        return;
       }
-    });
-    if (bad.empty()) return;
-    const std::int64_t bh = *std::min_element(bad.begin(), bad.end());
-    std::vector<float> row;
-    check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
-    return;
-  }
+    }
+  });
+  if (bad.empty()) return;
+  const std::int64_t bh = *std::min_element(bad.begin(), bad.end());
   std::vector<float> row;
-  for (std::int64_t b = 0; b < s[0]; ++b)
-    for (std::int64_t h = 0; h < s[1]; ++h) check_head(t, name, b, h, limit, f16_limit, why, row);
+  check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
 }
 
 }  // namespace skvq::detail

@@ -271,8 +271,9 @@ void check_append(const SkvqState& st, const TensorView& k, const TensorView& v)
   }
   std::string why;
   const float limit = detail::value_limit(cfg.metadata, &why);
-  detail::check_values(k, "keys", limit, why, cache_threads(st));
-  detail::check_values(v, "values", limit, why, cache_threads(st));
+  const int threads = cache_threads(st);
+  detail::check_values(k, "keys", limit, why, threads);
+  detail::check_values(v, "values", limit, why, threads);
 }
 
 void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
@@ -299,10 +300,10 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
     for (Side* s : {&st.k, &st.v}) grow_dense(st, *s, cap);
     st.dense_cap = cap;
   }
+  const int threads = cache_threads(st);
   for (std::int64_t t = 0; t < S;) {
     const std::int64_t live = st.offset - st.q_end;
     const std::int64_t n = std::min(S - t, r - live);
-    const int threads = cache_threads(st);
     copy_rows(k, t, n, st.k.tail.data(), r, live, threads);
     copy_rows(v, t, n, st.v.tail.data(), r, live, threads);
     if (cfg.dense_view) {
