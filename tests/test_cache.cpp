@@ -337,8 +337,9 @@ TEST(Cache, RejectedCallsLeaveStateUnchanged) {
   EXPECT_EQ(c.offset(), 50);
 }
 
-// Long appends are checked a head per thread: the error must still name the
-// first bad element in [b, h, t, d] order, whatever the thread count.
+// Long appends are checked in ranges of heads on the pool's threads: the error
+// must still name the first bad element in [b, h, t, d] order, whatever the
+// thread count.
 TEST(Cache, ParallelInputCheckNamesTheFirstBadValue) {
   Config cfg = spec_config();
   cfg.metadata = MetaType::fp8_e4m3;  // |x| <= 448

@@ -144,7 +144,8 @@ class SkvqCache final : public LayerCache {
   void set_kernel(Kernel k);
 
   // Threads for the cache's own work: the flush of each full window (split by
-  // head and by blocks of rows), fetch_into and the dense view's refresh.
+  // head and by blocks of rows), the input check and row copies of long
+  // appends, fetch_into and the dense view's refresh.
   // 0 (the default) is every CPU the process may run on (its affinity mask),
   // as AttendOptions::num_threads; 1 runs it all on the calling thread. The
   // codes and metadata are the same for every count. Copies keep the setting.
