@@ -5,7 +5,7 @@
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
-//        | --upload B Hkv T [SETTING]
+//        | --upload B Hkv T [SETTING] | --host
 //        | --read-floor | --head-dims [D B T] | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "skvq/cuda.hpp"
+#include "core/input_check.hpp"
 #include "skvq/skvq.hpp"
 #ifdef SKVQ_CUDA_TRACE
 #include "cuda/trace.hpp"
@@ -447,6 +448,135 @@ void upload(int B, int Hkv, std::int64_t T, const Setting& setting) {
               held / up[1] / 1e9, fork[1], 2 * held / fork[1] / 1e9);
 }
 
+// The host-tensor calls as they were made until stop 45, rebuilt from public calls for --host's
+// side-by-side columns: the input checked on one thread, converted into a new host tensor, copied
+// from pageable memory into device buffers allocated for the call, appended (or attended), waited
+// for, and the buffers freed.
+void append_alloc_per_call(cuda::DeviceCache& c, const TensorView& keys, const TensorView& values) {
+  std::string why;
+  const float limit = std::min(detail::value_limit(c.config().metadata, &why), 65504.0f);
+  detail::check_kv_pair(keys, values);
+  detail::check_values(keys, "keys", limit, why);
+  detail::check_values(values, "values", limit, why);
+  const Tensor k16 = Tensor::copy_of(keys, DType::f16), v16 = Tensor::copy_of(values, DType::f16);
+  void* dk = cuda::device_alloc(k16.nbytes());
+  void* dv = cuda::device_alloc(v16.nbytes());
+  cuda::copy_to_device(dk, k16.data(), k16.nbytes());
+  cuda::copy_to_device(dv, v16.data(), v16.nbytes());
+  c.append_device(dk, dv, keys.shape[2]);
+  cuda::synchronize();
+  cuda::device_free(dk);
+  cuda::device_free(dv);
+}
+Tensor attend_alloc_per_call(const cuda::DeviceCache& c, const TensorView& queries, float scale) {
+  const Tensor q = Tensor::copy_of(queries, DType::f32);
+  Tensor out(DType::f32, {queries.shape[0], queries.shape[1], queries.shape[2], 128});
+  auto* dq = static_cast<float*>(cuda::device_alloc(q.nbytes()));
+  auto* dout = static_cast<float*>(cuda::device_alloc(out.nbytes()));
+  cuda::copy_to_device(dq, q.data(), q.nbytes());
+  c.attend_device(dq, queries.shape[1], queries.shape[2], scale, dout);
+  cuda::copy_to_host(out.data(), dout, out.nbytes());
+  cuda::device_free(dq);
+  cuda::device_free(dout);
+  return out;
+}
+
+// The host-tensor calls (append, attend: what `skvq generate --device cuda` makes for each layer and
+// token) against the device-pointer calls on the same shapes: --host. Decode steps (one token appended
+// from fp32 host tensors, then one query row attended; the device-pointer step appends fp16 rows already
+// on the device and leaves the output there), then a prefill of 2048 tokens into an empty cache (fp32 and
+// fp16 input; the device-pointer prefill from fp16 rows on the device). K2V2 g128, Hq = 32, D = 128;
+// wall clock with the device's work waited for, the two kinds of call alternating, medians.
+void host_table() {
+  const Setting& setting = kSettings[0];
+  const float scale = 0.088f;
+  const auto seconds = [](const auto& fn) {
+    const auto a = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
+  };
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const auto host_tensor = [](DType t, Shape4 shape, unsigned seed) {
+    Tensor x(t, shape);  // (uniform in [-1, 1), every 37th channel 8x: as fill_random)
+    std::uint64_t r = 0x9e3779b97f4a7c15ull * (seed + 1);
+    const TensorView v = x.view();
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+      const float u = static_cast<float>(r >> 40) / 8388608.0f - 1.0f;
+      store_from_f32(v.data + i * static_cast<std::int64_t>(dtype_size(t)), t, (i % 128) % 37 == 0 ? 8 * u : u);
+    }
+    return x;
+  };
+  std::printf("\n## Host-tensor calls against device-pointer calls: %s, Hq = 32, D = 128\n\n", setting.name);
+  std::printf("Decode step: append of one token, then attention of one query row (median of 60 steps)\n\n");
+  std::printf("| B | Hkv | kv_len | host calls ms | host calls, allocating (stop 45) ms | gain | device calls ms | host / device |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  for (int B : {1, 8})
+    for (int Hkv : {8, 32})
+      for (std::int64_t T : {std::int64_t{4096}, std::int64_t{32768}}) {
+        const int steps = 60;
+        const OneShape x(B, Hkv, T, setting);  // (its cache: the device-pointer calls')
+        cuda::DeviceCache& dev_cache = *x.cache;
+        cuda::DeviceCache host_cache(dev_cache, T + steps + 8), old_cache(dev_cache, T + steps + 8);  // room for the steps
+        cuda::DeviceCache grown(dev_cache, T + steps + 8);
+        const Tensor k1 = host_tensor(DType::f32, {B, Hkv, 1, 128}, 1), v1 = host_tensor(DType::f32, {B, Hkv, 1, 128}, 2);
+        const Tensor q = host_tensor(DType::f32, {B, 32, 1, 128}, 3);
+        CHECK(cudaDeviceSynchronize());
+        std::vector<double> th, to, td;
+        for (int i = 0; i < steps; ++i) {
+          th.push_back(seconds([&] {
+            host_cache.append(k1.view(), v1.view());
+            const Tensor o = host_cache.attend(q.view(), scale);
+          }));
+          to.push_back(seconds([&] {
+            append_alloc_per_call(old_cache, k1.view(), v1.view());
+            const Tensor o = attend_alloc_per_call(old_cache, q.view(), scale);
+          }));
+          td.push_back(seconds([&] {
+            grown.append_device(x.k, x.v, 1);
+            grown.attend_device(x.q, 32, 1, scale, x.out);
+            CHECK(cudaDeviceSynchronize());
+          }));
+        }
+        const double h = median(th) * 1e3, o = median(to) * 1e3, d = median(td) * 1e3;
+        std::printf("| %d | %d | %lld | %.4f | %.4f | %.2fx | %.4f | %.2f |\n", B, Hkv, static_cast<long long>(T), h, o, o / h, d,
+                    h / d);
+        std::fflush(stdout);
+      }
+  std::printf("\nPrefill: append of 2048 tokens into an empty cache, the device's work waited for (median of 3)\n\n");
+  std::printf("| B | Hkv | input | host call ms | GB/s of input | allocating (stop 45) ms | gain | device call ms (fp16 on the device) "
+              "| host / device |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (int B : {1, 8})
+    for (int Hkv : {8, 32})
+      for (DType t : {DType::f32, DType::f16}) {
+        const std::int64_t P = 2048;
+        const OneShape x(B, Hkv, P, setting);
+        const Tensor k = host_tensor(t, {B, Hkv, P, 128}, 4), v = host_tensor(t, {B, Hkv, P, 128}, 5);
+        std::vector<double> th, to, td;
+        for (int i = 0; i < 3; ++i) {
+          cuda::DeviceCache a(make_config(setting), B, Hkv, 128, P), b(make_config(setting), B, Hkv, 128, P),
+              c(make_config(setting), B, Hkv, 128, P);
+          th.push_back(seconds([&] {
+            a.append(k.view(), v.view());
+            CHECK(cudaDeviceSynchronize());
+          }));
+          to.push_back(seconds([&] { append_alloc_per_call(c, k.view(), v.view()); }));
+          td.push_back(seconds([&] {
+            b.append_device(x.k, x.v, P);
+            CHECK(cudaDeviceSynchronize());
+          }));
+        }
+        const double h = median(th), o = median(to), d = median(td);
+        const double in_bytes = 2.0 * static_cast<double>(k.nbytes());
+        std::printf("| %d | %d | %s | %.3f | %.2f | %.3f | %.2fx | %.3f | %.1f |\n", B, Hkv, t == DType::f32 ? "fp32" : "fp16",
+                    h * 1e3, in_bytes / h / 1e9, o * 1e3, o / h, d * 1e3, h / d);
+        std::fflush(stdout);
+      }
+}
+
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
 // of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
@@ -729,6 +859,10 @@ int main(int argc, char** argv) {
       }
     }
     mode->second(std::atoi(argv[2]), std::atoi(argv[3]), std::atoll(argv[4]), *setting);
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--host") == 0) {
+    host_table();
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

@@ -8,13 +8,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh build-gpu -DSKVQ_CUDA=ON -DSKVQ_CUDA_ARCHITECTURES=90-real >/dev/null
 rm -rf .devrun && mkdir -p .devrun/lib
-cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/bench/bench_attend .devrun/
+cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/bench/bench_attend build-gpu/bench/bench_cache .devrun/
 for lib in libhwy.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
 done
 # the device call carries at most 64 MiB: stripped, then binaries and
 # libraries in one xz archive (about 37 MB), which scripts/gpu.sh unpacks
-strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend
-tar -C .devrun -cf - skvq_tests bench_cuda bench_attend lib | xz -T0 -6 > .devrun/devrun.tar.xz
-rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend
+strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
+tar -C .devrun -cf - skvq_tests bench_cuda bench_attend bench_cache lib | xz -T0 -6 > .devrun/devrun.tar.xz
+rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
 du -sh .devrun

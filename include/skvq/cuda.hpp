@@ -92,7 +92,14 @@ class DeviceCache {
   void append_device(const void* keys, const void* values, std::int64_t S, Stream stream = nullptr);
   // Same from host tensors (any dtype/strides; converted to fp16 on the host),
   // checked as the CPU cache checks them (non-finite values and values past
-  // the metadata's or fp16's range are errors; nothing is appended then).
+  // the metadata's or fp16's range, or a context past the capacity, are errors;
+  // nothing is appended then). The rows move through pinned staging buffers
+  // that the process keeps (a set for each thread calling at once, at most
+  // 2 x 8 MiB pinned and 8 MiB on the device), in pieces of whole windows that
+  // fit them, each converted while the last one is copied and flushed; on the
+  // legacy default stream. Returns once the input has been read: the device's
+  // work may still run (later calls are ordered after it; to_host() and
+  // attend() wait for it).
   void append(const TensorView& keys, const TensorView& values);
 
   // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous) over the
@@ -111,7 +118,10 @@ class DeviceCache {
   // tested tolerance); SKVQ_CUDA_BALANCE=0 makes every call bit-reproducible.
   void attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                      int num_splits = 0, Stream stream = nullptr) const;
-  // Same with host tensors; returns [B, Hq, Sq, Dv] fp32.
+  // Same with host tensors (any dtype/strides); returns [B, Hq, Sq, Dv] fp32.
+  // Through the same staging buffers as append() (a set grown past 8 MiB for
+  // a long query is freed after the call); on the legacy default stream, and
+  // waits for the result.
   Tensor attend(const TensorView& queries, float scale) const;
 
   const Config& config() const;  // as given, dense_view off (the device cache is packed-only)

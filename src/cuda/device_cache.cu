@@ -8,6 +8,7 @@
 #include "core/input_check.hpp"
 #include "core/skvq_state.hpp"
 #include "core/thread_pool.hpp"
+#include "cpu/convert_simd.hpp"
 #include "cuda/common.cuh"
 #include "cuda/kernels.cuh"
 #include "ref/meta.hpp"
@@ -139,6 +140,14 @@ struct DeviceCacheImpl {
       run_flush(f, s, stream);
     }
     q_end += static_cast<std::int64_t>(n_chunks) * cfg.window;
+  }
+  // An attention call's query heads and rows against the cache.
+  void check_attend(std::int64_t num_q_heads, std::int64_t sq) const {
+    if (offset == 0) throw Error("skvq: cuda attend on an empty cache");
+    if (num_q_heads < H || num_q_heads % H != 0) {
+      throw Error("skvq: cuda attend: Hq=" + std::to_string(num_q_heads) + " must be a multiple of H=" + std::to_string(H));
+    }
+    if (sq < 1 || sq > offset) throw Error("skvq: cuda attend: Sq=" + std::to_string(sq) + " must be in [1, offset]");
   }
   void to_tail(const __half* src, std::int64_t src_tokens, std::int64_t first, std::int64_t n, DevSide& s,
                cudaStream_t stream) {
@@ -539,8 +548,139 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
   d.fp16_v += d.B * d.H * S * d.v.D * 2;
 }
 
+namespace {
+
+// Staging for the host-tensor calls (append, attend): two pinned host buffers and one device buffer,
+// so that a decode step's host calls allocate nothing and copy without the runtime's pageable bounce.
+// Sets live on a process-wide free list: a call takes one (a new one when calls on other threads hold
+// every set) and gives it back. A set grows to the largest call it carried, in powers of two from
+// 64 KiB; one grown past kMaxBytes (an attention call with a long query) is freed when given back.
+// Appends move in pieces that fit kMaxBytes. Kept for the process, as the upload's StagingPool is.
+struct CallStaging {
+  static constexpr std::size_t kMaxBytes = std::size_t{8} << 20;
+  unsigned char* host[2] = {nullptr, nullptr};  // pinned, `bytes` each
+  unsigned char* dev = nullptr;                 // `bytes`
+  std::size_t bytes = 0;
+  cudaEvent_t uploaded[2] = {nullptr, nullptr};  // the last copy out of host[i]
+
+  void release() {  // (after every copy through the buffers is done)
+    SKVQ_CUDA_CHECK(cudaDeviceSynchronize());
+    for (unsigned char*& h : host) {
+      if (h) SKVQ_CUDA_CHECK(cudaFreeHost(h));
+      h = nullptr;
+    }
+    if (dev) SKVQ_CUDA_CHECK(cudaFree(dev));
+    dev = nullptr;
+    bytes = 0;
+  }
+  void reserve(std::size_t want) {
+    for (cudaEvent_t& e : uploaded) {
+      if (!e) SKVQ_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    }
+    if (bytes >= want) return;
+    std::size_t n = std::size_t{64} << 10;
+    while (n < want && n < kMaxBytes) n *= 2;
+    n = std::max(n, want);
+    release();
+    try {
+      for (unsigned char*& h : host) SKVQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h), n));
+      SKVQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&dev), n));
+    } catch (...) {
+      release();
+      throw;
+    }
+    bytes = n;
+  }
+  // Host buffer i, once the copy last made out of it is done.
+  unsigned char* host_buffer(int i) {
+    SKVQ_CUDA_CHECK(cudaEventSynchronize(uploaded[i]));
+    return host[i];
+  }
+  // `n` bytes of host buffer i to the device buffer at `at`, on the legacy stream.
+  void upload(int i, std::size_t at, std::size_t n) {
+    SKVQ_CUDA_CHECK(cudaMemcpyAsync(dev + at, host[i], n, cudaMemcpyHostToDevice, cudaStreamLegacy));
+    SKVQ_CUDA_CHECK(cudaEventRecord(uploaded[i], cudaStreamLegacy));
+  }
+};
+
+// A set of the free list for one call, with buffers of at least `bytes`.
+class StagingLease {
+ public:
+  explicit StagingLease(std::size_t bytes) {
+    {
+      const std::lock_guard<std::mutex> lock(list().mu);
+      if (!list().free.empty()) {
+        set_ = list().free.back();
+        list().free.pop_back();
+      }
+    }
+    if (!set_) set_ = new CallStaging;
+    try {
+      set_->reserve(bytes);
+    } catch (...) {
+      give_back();
+      throw;
+    }
+  }
+  ~StagingLease() { give_back(); }
+  StagingLease(const StagingLease&) = delete;
+  StagingLease& operator=(const StagingLease&) = delete;
+  CallStaging* operator->() const { return set_; }
+
+ private:
+  struct List {
+    std::mutex mu;
+    std::vector<CallStaging*> free;
+  };
+  static List& list() {  // (never destroyed: the CUDA runtime may be torn down before static destructors run)
+    static List* l = new List;
+    return *l;
+  }
+  void give_back() noexcept {
+    try {
+      if (set_->bytes > CallStaging::kMaxBytes) set_->release();
+    } catch (...) {  // (a device error: a later call reports it)
+    }
+    const std::lock_guard<std::mutex> lock(list().mu);
+    list().free.push_back(set_);
+  }
+  CallStaging* set_ = nullptr;
+};
+
+// Rows [t0, t0 + n) of every (b, h) of `src` into dst as contiguous [B, H, n, D] elements of type `to`
+// (fp16 or fp32), converted as the CPU cache converts its input; on the pool's threads for long copies.
+void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to, unsigned char* dst) {
+  const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(to));
+  const bool same = src.dtype == to && src.strides[3] == 1;
+  const auto range = [&](std::int64_t bh0, std::int64_t bh1) {
+    std::vector<float> row(same ? 0 : static_cast<std::size_t>(D));
+    for (std::int64_t bh = bh0; bh < bh1; ++bh) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        auto* out = reinterpret_cast<std::byte*>(dst + ((bh * n) + i) * D * es);
+        const std::byte* in = src.ptr(bh / H, bh % H, t0 + i, 0);
+        if (same) {
+          std::memcpy(out, in, static_cast<std::size_t>(D * es));
+          continue;
+        }
+        if (src.strides[3] == 1) {
+          cpu::load_row_f32(in, src.dtype, D, row.data());
+        } else {
+          for (std::int64_t c = 0; c < D; ++c) row[static_cast<std::size_t>(c)] = src.at(bh / H, bh % H, t0 + i, c);
+        }
+        cpu::store_row_f32(out, to, D, row.data());
+      }
+    }
+  };
+  detail::ThreadPool& pool = detail::ThreadPool::global();
+  const int threads = B * H * n * D < detail::kParallelElements ? 1 : pool.size();
+  pool.parallel_ranges(B * H, threads, range);
+}
+
+}  // namespace
+
 void DeviceCache::append(const TensorView& keys, const TensorView& values) {
-  const DeviceCacheImpl& d = impl();
+  DeviceCacheImpl& d = impl();
   const Shape4 ks{d.B, d.H, keys.shape[2], d.k.D}, vs{d.B, d.H, keys.shape[2], d.v.D};
   if (keys.shape != ks || values.shape != vs) {
     throw Error("skvq: cuda::DeviceCache::append: keys " + shape_string(keys.shape) + " / values " +
@@ -548,35 +688,39 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
   }
   // the CPU cache's checks; the device cache holds fp16, so at most fp16's range whatever the metadata
   detail::check_kv_pair(keys, values);
+  const std::int64_t S = keys.shape[2];
+  if (d.offset + S > d.capacity) {  // (before any piece is appended)
+    throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
+                std::to_string(d.capacity));
+  }
   std::string why;
   const float limit = device_value_limit(d.cfg.metadata, &why);
-  detail::check_values(keys, "keys", limit, why);
-  detail::check_values(values, "values", limit, why);
-  const Tensor k16 = Tensor::copy_of(keys, DType::f16), v16 = Tensor::copy_of(values, DType::f16);
-  void* dk = device_alloc(k16.nbytes());
-  void* dv = device_alloc(v16.nbytes());
-  try {
-    copy_to_device(dk, k16.data(), k16.nbytes());
-    copy_to_device(dv, v16.data(), v16.nbytes());
-    append_device(dk, dv, keys.shape[2]);
-    synchronize();
-  } catch (...) {
-    device_free(dk);
-    device_free(dv);
-    throw;
+  const int threads = detail::ThreadPool::global().size();
+  detail::check_values(keys, "keys", limit, why, threads);
+  detail::check_values(values, "values", limit, why, threads);
+  // Pieces of whole windows where they fit a staging buffer: converted into one pinned buffer while
+  // the last piece's copy and flush run from the other.
+  const std::int64_t kbytes = d.B * d.H * d.k.D * 2, token = kbytes + d.B * d.H * d.v.D * 2;
+  std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(CallStaging::kMaxBytes) / token);
+  if (per >= d.cfg.window) per -= per % d.cfg.window;
+  per = std::min(per, S);
+  StagingLease st(static_cast<std::size_t>(per * token));
+  for (std::int64_t t = 0, j = 0; t < S; ++j) {
+    const std::int64_t n = std::min(per, S - t);
+    const int i = static_cast<int>(j % 2);
+    unsigned char* h = st->host_buffer(i);
+    rows_into(keys, t, n, DType::f16, h);
+    rows_into(values, t, n, DType::f16, h + n * kbytes);
+    st->upload(i, 0, static_cast<std::size_t>(n * token));
+    append_device(st->dev, st->dev + n * kbytes, n);
+    t += n;
   }
-  device_free(dk);
-  device_free(dv);
 }
 
 void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                                 int num_splits, Stream stream) const {
   const DeviceCacheImpl& d = impl();
-  if (d.offset == 0) throw Error("skvq: cuda attend on an empty cache");
-  if (num_q_heads < d.H || num_q_heads % d.H != 0) {
-    throw Error("skvq: cuda attend: Hq=" + std::to_string(num_q_heads) + " must be a multiple of H=" + std::to_string(d.H));
-  }
-  if (sq < 1 || sq > d.offset) throw Error("skvq: cuda attend: Sq=" + std::to_string(sq) + " must be in [1, offset]");
+  d.check_attend(num_q_heads, sq);
   AttnParams p;
   p.q = q;
   p.k = d.k;
@@ -605,21 +749,21 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   if (queries.shape[0] != d.B || queries.shape[3] != d.k.D) {
     throw Error("skvq: cuda attend: queries " + shape_string(queries.shape) + " do not match the cache's B and D");
   }
-  const Tensor q = Tensor::copy_of(queries, DType::f32);
-  Tensor out(DType::f32, {d.B, queries.shape[1], queries.shape[2], d.v.D});
-  float* dq = static_cast<float*>(device_alloc(q.nbytes()));
-  float* dout = static_cast<float*>(device_alloc(out.nbytes()));
-  try {
-    copy_to_device(dq, q.data(), q.nbytes());
-    attend_device(dq, queries.shape[1], queries.shape[2], scale, dout);
-    copy_to_host(out.data(), dout, out.nbytes());
-  } catch (...) {
-    device_free(dq);
-    device_free(dout);
-    throw;
-  }
-  device_free(dq);
-  device_free(dout);
+  const std::int64_t Hq = queries.shape[1], Sq = queries.shape[2];
+  d.check_attend(Hq, Sq);
+  if (queries.data == nullptr) throw Error("skvq: cuda attend: queries have no data");
+  Tensor out(DType::f32, {d.B, Hq, Sq, d.v.D});
+  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * 4;
+  const std::size_t at = (qbytes + 255) / 256 * 256;  // the output's place in the device buffer
+  StagingLease st(at + out.nbytes());
+  rows_into(queries, 0, Sq, DType::f32, st->host_buffer(0));
+  st->upload(0, 0, qbytes);
+  auto* dout = reinterpret_cast<float*>(st->dev + at);
+  attend_device(reinterpret_cast<const float*>(st->dev), Hq, Sq, scale, dout);
+  unsigned char* h = st->host_buffer(1);
+  SKVQ_CUDA_CHECK(cudaMemcpyAsync(h, dout, out.nbytes(), cudaMemcpyDeviceToHost, cudaStreamLegacy));
+  SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+  std::memcpy(out.data(), h, out.nbytes());
   return out;
 }
 
