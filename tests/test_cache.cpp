@@ -292,6 +292,55 @@ TEST(Cache, NonContiguousInputEqualsContiguous) {
   EXPECT_TRUE(a.same_state(b));
 }
 
+// Whole windows of one call are quantized straight from the caller's tensor (one job for all of
+// them, skvq_cache.cpp flush_windows), other rows through the tail: inputs whose channels are not
+// adjacent (stored [B, H, D, S]), in calls that mix whole windows with partial ones, give the state
+// and history of the same rows fed contiguous one token a call, with the dense view and without,
+// on one thread and on all.
+TEST(Cache, WholeWindowsFromStridedInputAsTokenByToken) {
+  const std::int64_t B = 2, H = 3, S = 5 * 16 + 7, D = 64;
+  Tensor store = randn({B, H, D, S}, 810, DType::f32, true), vstore = randn({B, H, D, S}, 811, DType::f32);
+  const auto transposed = [&](Tensor& t) {
+    TensorView x = t.view();
+    x.shape = {B, H, S, D};
+    x.strides = {H * D * S, D * S, 1, S};
+    return x;
+  };
+  const TensorView k = transposed(store), v = transposed(vstore);
+  const Tensor kc = Tensor::copy_of(k), vc = Tensor::copy_of(v);
+  for (bool dense : {true, false})
+    for (int threads : {1, 0}) {
+      Config cfg = spec_config();
+      cfg.dense_view = dense;
+      SkvqCache one_call(cfg), mixed(cfg), by_token(cfg);
+      one_call.set_num_threads(threads);
+      mixed.set_num_threads(threads);
+      // (update_and_fetch with the dense view: its returned history is the dense view itself)
+      const auto feed = [&](SkvqCache& c, const TensorView& x, const TensorView& y) {
+        if (dense) return c.update_and_fetch(x, y);
+        c.append(x, y);
+        return std::pair<TensorView, TensorView>{};
+      };
+      const auto [k1, v1] = feed(one_call, k, v);
+      std::pair<TensorView, TensorView> mixed_history, token_history;
+      // 3 rows; then 13 to fill the window, 2 whole windows and 3 rows; then 13, 1 whole window and 7
+      for (std::int64_t t = 0; t < S;) {
+        const std::int64_t n = t == 0 ? 3 : (t == 3 ? 48 : S - t);
+        mixed_history = feed(mixed, k.slice_tokens(t, n), v.slice_tokens(t, n));
+        t += n;
+      }
+      for (std::int64_t t = 0; t < S; ++t) token_history = feed(by_token, kc.view().slice_tokens(t, 1), vc.view().slice_tokens(t, 1));
+      const std::string what = std::string(dense ? "dense view" : "packed only") + ", threads " + std::to_string(threads);
+      EXPECT_TRUE(one_call.same_state(by_token)) << what;
+      EXPECT_TRUE(mixed.same_state(by_token)) << what;
+      if (dense) {
+        EXPECT_TRUE(bits_equal(k1, token_history.first) && bits_equal(v1, token_history.second)) << what;
+        EXPECT_TRUE(bits_equal(mixed_history.first, token_history.first)) << what;
+        EXPECT_TRUE(bits_equal(mixed_history.second, token_history.second)) << what;
+      }
+    }
+}
+
 void expect_rejected(SkvqCache& c, const TensorView& k, const TensorView& v, const std::string& needle) {
   const SkvqCache before = c;
   try {

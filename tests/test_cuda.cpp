@@ -1127,73 +1127,89 @@ TEST(Cuda, LargeCachesMoveThroughStaging) {
 
 // The host-tensor calls move through pinned staging sets (device_cache.cu, CallStaging): an append of
 // 8 MiB or more goes in pieces of whole windows (here windows of 100 rows, so a piece of 1000 tokens
-// leaves none in the tail and the last piece does), from any dtype and strides, and gives the CPU
-// cache's state; a refused append (past the capacity, or a bad value in its last piece) leaves the
-// cache as it was; an attention call whose query and output pass the sets' 8 MiB (a set grown for it
-// and freed after) and the small calls after it give the CPU reference's output; and calls from
-// several threads at once, each on its own cache, give what one thread gives.
+// leaves none in the tail and the last piece does), from fp32 or bf16, contiguous or strided, and gives
+// the state of a CPU cache fed the same rows rounded to fp16; a refused append (past the capacity, or
+// a bad value in its last piece) leaves the cache as it was; an attention call whose query and output
+// pass the sets' 8 MiB (a set grown for it and freed after) and the small calls after it give the CPU
+// reference's output; and calls from several threads at once, each on its own cache, give what one
+// thread gives.
 TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   REQUIRE_GPU();
   const Config cfg = gpu_config(100, 4, 32, 2, 2, MetaType::fp16);
   const std::int64_t B = 2, H = 8, T = 2530;  // 8 KiB of fp16 keys and values a token: 1000 tokens a piece
-  const Tensor k32 = randn({B, H, T, 128}, 41, DType::f32, true), v16 = randn({B, H, T, 128}, 42, DType::f16);
-  // the values as a bf16 view with the token and channel axes' strides swapped
-  Tensor vt(DType::bf16, {B, H, 128, T});
-  for (std::int64_t b = 0; b < B; ++b)
-    for (std::int64_t h = 0; h < H; ++h)
-      for (std::int64_t t = 0; t < T; ++t)
-        for (std::int64_t d = 0; d < 128; ++d) vt.view().set(b, h, d, t, v16.view().at(b, h, t, d));
-  TensorView v_strided = vt.view();
-  v_strided.shape = {B, H, T, 128};
-  v_strided.strides = {H * 128 * T, 128 * T, 1, T};
-  const Tensor vb = Tensor::copy_of(v_strided, DType::bf16);  // (what the CPU cache gets, contiguous)
-  SkvqCache cpu(cfg);
+  // keys contiguous, values a view with the token and channel axes' strides swapped; fp32 and bf16
+  struct Input {
+    Tensor k, vt;
+    TensorView v;
+    Tensor k16, v16;  // the same rounded to fp16, contiguous (what the CPU cache is fed)
+  };
+  const auto input = [&](DType t, std::uint32_t seed) {
+    Input in;
+    in.k = Tensor::copy_of(randn({B, H, T, 128}, seed, DType::f32, true).view(), t);
+    const Tensor v = randn({B, H, T, 128}, seed + 1, DType::f32);
+    in.vt = Tensor(t, {B, H, 128, T});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < T; ++i)
+          for (std::int64_t d = 0; d < 128; ++d) in.vt.view().set(b, h, d, i, v.view().at(b, h, i, d));
+    in.v = in.vt.view();
+    in.v.shape = {B, H, T, 128};
+    in.v.strides = {H * 128 * T, 128 * T, 1, T};
+    in.k16 = Tensor::copy_of(in.k.view(), DType::f16);
+    in.v16 = Tensor::copy_of(in.v, DType::f16);
+    return in;
+  };
+  const Input f32 = input(DType::f32, 41), bf16 = input(DType::bf16, 43);
+  SkvqCache cpu(cfg), cpu_bf16(cfg);
+  cpu_bf16.append(bf16.k16.view(), bf16.v16.view());
   cuda::DeviceCache gpu(cfg, B, H, 128, T);
-  cpu.append(k32.view().slice_tokens(0, 17), vb.view().slice_tokens(0, 17));
-  gpu.append(k32.view().slice_tokens(0, 17), v_strided.slice_tokens(0, 17));
+  cpu.append(f32.k16.view().slice_tokens(0, 17), f32.v16.view().slice_tokens(0, 17));
+  gpu.append(f32.k.view().slice_tokens(0, 17), f32.v.slice_tokens(0, 17));
   const SkvqCache before = gpu.to_host();
   // refused: past the capacity, then a non-finite value in the last piece (token 2500)
   const std::string context = "context " + std::to_string(T + 1) + " ", capacity = "capacity=" + std::to_string(T);
-  expect_error([&] { gpu.append(k32.view().slice_tokens(16, T - 16), v_strided.slice_tokens(16, T - 16)); },
+  expect_error([&] { gpu.append(f32.k.view().slice_tokens(16, T - 16), f32.v.slice_tokens(16, T - 16)); },
                {context.c_str(), capacity.c_str()});
   ASSERT_TRUE(gpu.to_host().same_state(before));
-  Tensor bad = Tensor::copy_of(k32.view(), DType::f32);
+  Tensor bad = Tensor::copy_of(f32.k.view(), DType::f32);
   bad.view().set(1, 5, 2500, 7, NAN);
-  expect_error([&] { gpu.append(bad.view().slice_tokens(17, T - 17), v_strided.slice_tokens(17, T - 17)); }, {"keys", "[1, 5, 2483, 7]"});
+  expect_error([&] { gpu.append(bad.view().slice_tokens(17, T - 17), f32.v.slice_tokens(17, T - 17)); }, {"keys[1, 5, 2483, 7]"});
   ASSERT_TRUE(gpu.to_host().same_state(before));
   EXPECT_EQ(gpu.offset(), 17);
-  cpu.append(k32.view().slice_tokens(17, T - 17), vb.view().slice_tokens(17, T - 17));
-  gpu.append(k32.view().slice_tokens(17, T - 17), v_strided.slice_tokens(17, T - 17));
+  cpu.append(f32.k16.view().slice_tokens(17, T - 17), f32.v16.view().slice_tokens(17, T - 17));
+  gpu.append(f32.k.view().slice_tokens(17, T - 17), f32.v.slice_tokens(17, T - 17));
   ASSERT_TRUE(gpu.to_host().same_state(cpu));
-  cuda::DeviceCache small(cfg, B, H, 128, 10);
-  expect_error([&] { small.append(k32.view().slice_tokens(0, 11), vb.view().slice_tokens(0, 11)); }, {"context 11", "capacity=10"});
-  EXPECT_EQ(small.offset(), 0);
-  // a query of 300 rows of 32 heads: 9.8 MB with its output, then one row
-  const Tensor kc = Tensor::copy_of(k32.view(), DType::f32), vc = Tensor::copy_of(vb.view(), DType::f32);
+  // a query of 300 rows of 32 heads (9.8 MB with its output), then one row
+  const Tensor kc = Tensor::copy_of(f32.k16.view(), DType::f32), vc = Tensor::copy_of(f32.v16.view(), DType::f32);
   for (std::int64_t sq : {std::int64_t{300}, std::int64_t{1}}) {
-    const Tensor q = randn({B, 4 * H, sq, 128}, static_cast<std::uint32_t>(43 + sq), DType::f32);
+    const Tensor q = randn({B, 4 * H, sq, 128}, static_cast<std::uint32_t>(45 + sq), DType::f32);
     const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 0});
     expect_close(cpu, q.view(), kc.view(), vc.view(), 0.1f, gpu.attend(q.view(), 0.1f).view(), want.view(),
                  "Sq=" + std::to_string(sq));
   }
-  // four threads, each its own cache: appends in pieces and attention calls side by side
+  // four threads, each its own cache (fp32 or bf16 input, in pieces of their own), side by side
   const Tensor q1 = randn({B, 4 * H, 1, 128}, 47, DType::f32);
   const Tensor one = gpu.attend(q1.view(), 0.1f);
   std::vector<std::thread> threads;
   bool same[4] = {};
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
+      const Input& in = i % 2 == 0 ? f32 : bf16;
       cuda::DeviceCache c(cfg, B, H, 128, T);
       for (std::int64_t t = 0; t < T;) {
         const std::int64_t n = std::min<std::int64_t>(T - t, i == 0 ? T : 1 + 700 * i);
-        c.append(k32.view().slice_tokens(t, n), v_strided.slice_tokens(t, n));
+        c.append(in.k.view().slice_tokens(t, n), in.v.slice_tokens(t, n));
         t += n;
       }
-      same[i] = c.to_host().same_state(cpu) && rel_l2(c.attend(q1.view(), 0.1f).view(), one.view()) < 1e-6;
+      same[i] = c.to_host().same_state(i % 2 == 0 ? cpu : cpu_bf16) &&
+                (i % 2 == 1 || rel_l2(c.attend(q1.view(), 0.1f).view(), one.view()) < 1e-6);
     });
   }
   for (std::thread& t : threads) t.join();
-  EXPECT_TRUE(same[0] && same[1] && same[2] && same[3]);
+  EXPECT_TRUE(same[0] && same[1] && same[2] && same[3]) << same[0] << same[1] << same[2] << same[3];
+  cuda::DeviceCache small(cfg, B, H, 128, 10);
+  expect_error([&] { small.append(f32.k.view().slice_tokens(0, 11), f32.v.slice_tokens(0, 11)); }, {"context 11", "capacity=10"});
+  EXPECT_EQ(small.offset(), 0);
 }
 
 // x [B, H, T, D] with each batch entry repeated `repeat` times (entry b of the result is entry

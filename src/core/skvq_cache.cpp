@@ -80,18 +80,55 @@ int cache_threads(const SkvqState& st) {
   return st.threads > 0 ? std::min(st.threads, pool) : pool;
 }
 
-// Stable sort of channels by ascending range (max - min over the chunk's B*r
-// rows of head h), NaN last; frozen as perm, with its inverse. Heads in parallel.
-void compute_perms(const SkvqState& st, Side& s) {
+// Where a flush reads a side's rows: the tail buffer [B*H, window, D] (one window, the rows appended one
+// call at a time), or an append's input, whose window w starts at token t0 + w * window (whole windows
+// straight from the caller's tensor, in any strides). Both hold the cache's dtype.
+struct RowSource {
+  const std::byte* tail = nullptr;
+  TensorView input{};
+  std::int64_t t0 = 0;
+
+  // Rows [row, row + n) of window w of head bh as n x D float32.
+  void load(const SkvqState& st, const Side& s, std::int64_t w, std::int64_t bh, std::int64_t row, std::int64_t n,
+            float* out) const {
+    const std::int64_t D = s.head_dim, r = st.cfg.window;
+    if (tail) {
+      cpu::load_row_f32(tail + (bh * r + row) * D * st.esize(), st.dtype, n * D, out);
+      return;
+    }
+    const std::int64_t b = bh / st.heads, h = bh % st.heads, t = t0 + w * r + row;
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (input.strides[3] == 1) {
+        cpu::load_row_f32(input.ptr(b, h, t + i, 0), st.dtype, D, out + i * D);
+      } else {
+        for (std::int64_t d = 0; d < D; ++d) out[i * D + d] = input.at(b, h, t + i, d);
+      }
+    }
+  }
+  // Row `row` of window 0 of head bh, its bytes as stored (a sink).
+  void copy_row(const SkvqState& st, const Side& s, std::int64_t bh, std::int64_t row, std::byte* out) const {
+    const std::int64_t D = s.head_dim, es = st.esize();
+    if (tail) {
+      std::memcpy(out, tail + (bh * st.cfg.window + row) * D * es, static_cast<std::size_t>(D * es));
+      return;
+    }
+    const std::int64_t b = bh / st.heads, h = bh % st.heads;
+    for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, input.ptr(b, h, t0 + row, d), static_cast<std::size_t>(es));
+  }
+};
+
+// Stable sort of channels by ascending range (max - min over the first
+// window's B*r rows of head h), NaN last; frozen as perm, with its inverse.
+// Heads in parallel.
+void compute_perms(const SkvqState& st, Side& s, const RowSource& src) {
   const std::int64_t B = st.batch, H = st.heads, D = s.head_dim, r = st.cfg.window;
-  const std::int64_t es = st.esize();
   s.perm.assign(static_cast<std::size_t>(H * D), 0);
   s.inv.assign(static_cast<std::size_t>(H * D), 0);
   detail::ThreadPool::global().parallel_for(H, cache_threads(st), [&](std::int64_t h) {
     std::vector<float> mn(D, INFINITY), mx(D, -INFINITY), range(D), x(D);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < r; ++t) {
-        cpu::load_row_f32(s.tail.data() + ((b * H + h) * r + t) * D * es, st.dtype, D, x.data());
+        src.load(st, s, 0, b * H + h, t, 1, x.data());
         for (std::int64_t c = 0; c < D; ++c) {
           mn[c] = std::min(mn[c], x[c]);
           mx[c] = std::max(mx[c], x[c]);
@@ -129,15 +166,16 @@ struct Scratch {
   }
 };
 
-// How a flush's nq rows a head are cut into tasks: blocks of `rows` rows (a
+// How a window's nq rows a head are cut into tasks: blocks of `rows` rows (a
 // multiple of 8, so that every block's codes start on a whole byte of the
 // head's stream and no two tasks write one byte), `per_head` blocks a head,
-// about four tasks a thread where the heads alone give fewer.
+// about four tasks a thread where the `units` (heads times windows times
+// sides of one job) alone give fewer.
 struct FlushTasks {
   std::int64_t rows = 0, per_head = 0;
 };
-FlushTasks flush_tasks(std::int64_t heads, std::int64_t nq, int threads) {
-  const std::int64_t want = (4 * static_cast<std::int64_t>(threads) + heads - 1) / heads;
+FlushTasks flush_tasks(std::int64_t units, std::int64_t nq, int threads) {
+  const std::int64_t want = (4 * static_cast<std::int64_t>(threads) + units - 1) / units;
   const std::int64_t blocks = std::clamp<std::int64_t>(want, 1, (nq + 7) / 8);
   FlushTasks t;
   t.rows = ((nq + blocks - 1) / blocks + 7) / 8 * 8;
@@ -145,35 +183,61 @@ FlushTasks flush_tasks(std::int64_t heads, std::int64_t nq, int threads) {
   return t;
 }
 
-// Flushes the full tail (chunk starting at token st.q_end) of one side: each
-// task quantizes, packs and stores the metadata of its own rows of one head.
-void flush_side(SkvqState& st, Side& s) {
+// Flushes n_w whole windows of both sides, the first at the frontier st.q_end, their rows read from
+// src[0] (keys) and src[1] (values), in one job on the pool: each task quantizes, packs and stores
+// the metadata of its own rows of one head of one window of one side. Advances q_end.
+void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
   const Config& cfg = st.cfg;
-  const std::int64_t r = cfg.window, BH = st.batch * st.heads, D = s.head_dim;
+  const std::int64_t r = cfg.window, BH = st.batch * st.heads;
   const bool first = st.q_end == 0;
-  const std::int64_t skip = first ? cfg.n_sink : 0;
-  const std::int64_t nq = r - skip;
-  const int g = cfg.group_size, G = st.groups(s), P = G * g;
-  const std::int64_t es = st.esize();
-  if (first && cfg.reorder) compute_perms(st, s);
-
-  PackedChunk ch;
-  ch.n_rows = nq;
-  const std::int64_t cph = st.codes_per_head(s, nq);
+  const std::int64_t skip = first ? cfg.n_sink : 0;  // (window 0's sink rows)
+  Side* sides[2] = {&st.k, &st.v};
+  if (first && cfg.reorder) {
+    for (int i = 0; i < 2; ++i) compute_perms(st, *sides[i], src[i]);
+  }
   const int m = meta_bytes(cfg.metadata);
-  ch.codes.assign(static_cast<std::size_t>(BH * cph), 0);
-  ch.lo.assign(static_cast<std::size_t>(BH * nq * G * m), 0);
-  ch.scale.assign(ch.lo.size(), 0);
-  const std::vector<float> grid = cfg.clip_grid();
   const int threads = cache_threads(st);
-  const FlushTasks tasks = flush_tasks(BH, nq, threads);
-  detail::ThreadPool::global().parallel_for(BH * tasks.per_head, threads, [&](std::int64_t task) {
-    const std::int64_t bh = task / tasks.per_head, i0 = (task % tasks.per_head) * tasks.rows;
-    const std::int64_t n = std::min(tasks.rows, nq - i0);
+  // The chunks, [side][window], and the tasks: for each, (side, window) pairs in order, BH heads of
+  // per_head blocks each (window 0 of a first flush has nq = r - skip rows a head, others r).
+  std::vector<PackedChunk> chunks[2];
+  const FlushTasks full = flush_tasks(2 * BH * n_w, r, threads), part = flush_tasks(2 * BH * n_w, r - skip, threads);
+  std::int64_t per_window[2];  // tasks of window 0 and of any other, a side
+  per_window[0] = BH * (skip > 0 ? part.per_head : full.per_head);
+  per_window[1] = BH * full.per_head;
+  for (int i = 0; i < 2; ++i) {
+    chunks[i].resize(static_cast<std::size_t>(n_w));
+    for (std::int64_t w = 0; w < n_w; ++w) {
+      PackedChunk& ch = chunks[i][static_cast<std::size_t>(w)];
+      ch.n_rows = r - (w == 0 ? skip : 0);
+      ch.codes.assign(static_cast<std::size_t>(BH * st.codes_per_head(*sides[i], ch.n_rows)), 0);
+      ch.lo.assign(static_cast<std::size_t>(BH * ch.n_rows * st.groups(*sides[i]) * m), 0);
+      ch.scale.assign(ch.lo.size(), 0);
+    }
+  }
+  const std::vector<float> grid = cfg.clip_grid();
+  // (window by window, keys then values, as the rows come in the input)
+  detail::ThreadPool::global().parallel_for(2 * (per_window[0] + (n_w - 1) * per_window[1]), threads, [&](std::int64_t task) {
+    std::int64_t w = 0, k = task;
+    if (k >= 2 * per_window[0]) {
+      k -= 2 * per_window[0];
+      w = 1 + k / (2 * per_window[1]);
+      k %= 2 * per_window[1];
+    }
+    const std::int64_t pw = per_window[w == 0 ? 0 : 1];
+    const int i = static_cast<int>(k / pw);
+    k %= pw;
+    const Side& s = *sides[i];
+    PackedChunk& ch = chunks[i][static_cast<std::size_t>(w)];
+    const std::int64_t nq = ch.n_rows, row0 = r - nq;  // (row0: the window's first packed row)
+    const FlushTasks& ft = nq == r ? full : part;
+    const std::int64_t bh = k / ft.per_head, i0 = (k % ft.per_head) * ft.rows;
+    const std::int64_t n = std::min(ft.rows, nq - i0);
+    const std::int64_t D = s.head_dim;
+    const int g = cfg.group_size, G = st.groups(s), P = G * g;
     // The rows as float32; the quantizer gathers them permuted and padded.
     thread_local Scratch scratch;
     scratch.reserve(static_cast<std::size_t>(n * P), static_cast<std::size_t>(n * G));
-    cpu::load_row_f32(s.tail.data() + (bh * r + skip + i0) * D * es, st.dtype, n * D, scratch.x.get());
+    src[i].load(st, s, w, bh, row0 + i0, n, scratch.x.get());
     QuantParams qp;
     qp.x = scratch.x.get();
     qp.n_rows = n;
@@ -192,8 +256,9 @@ void flush_side(SkvqState& st, Side& s) {
     qp.scale = scratch.scale.get();
     if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
     else cpu::quantize_rows(qp);
-    for (std::int64_t i = 0; i < n; ++i) {
-      ref::pack_codes(qp.codes + i * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + i) * D);
+    const std::int64_t cph = st.codes_per_head(s, nq);
+    for (std::int64_t j = 0; j < n; ++j) {
+      ref::pack_codes(qp.codes + j * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + j) * D);
     }
     const std::int64_t e0 = (bh * nq + i0) * G;
     for (std::int64_t e = 0; e < n * G; ++e) {
@@ -201,26 +266,31 @@ void flush_side(SkvqState& st, Side& s) {
       ref::meta_store(ch.scale.data() + (e0 + e) * m, cfg.metadata, qp.scale[e]);
     }
   });
-  if (first && skip > 0) {  // sink rows stay exact, apart from the packed store
-    s.sinks.assign(static_cast<std::size_t>(BH * skip * D * es), std::byte{0});
-    for (std::int64_t bh = 0; bh < BH; ++bh) {
-      std::memcpy(s.sinks.data() + bh * skip * D * es, s.tail.data() + bh * r * D * es,
-                  static_cast<std::size_t>(skip * D * es));
+  for (int i = 0; i < 2; ++i) {
+    Side& s = *sides[i];
+    const std::int64_t D = s.head_dim, es = st.esize();
+    if (skip > 0) {  // sink rows stay exact, apart from the packed store
+      s.sinks.assign(static_cast<std::size_t>(BH * skip * D * es), std::byte{0});
+      for (std::int64_t bh = 0; bh < BH; ++bh)
+        for (std::int64_t t = 0; t < skip; ++t) src[i].copy_row(st, s, bh, t, s.sinks.data() + (bh * skip + t) * D * es);
+    }
+    for (PackedChunk& ch : chunks[i]) s.chunks.push_back(std::move(ch));
+    if (!s.dense.empty()) {  // the dense view now shows the reconstruction
+      for (std::int64_t w = 0; w < n_w; ++w) {
+        const std::size_t c = s.chunks.size() - static_cast<std::size_t>(n_w - w);
+        const std::int64_t nq = s.chunks[c].n_rows, row0 = st.q_end + w * r + (r - nq);
+        detail::ThreadPool::global().parallel_for(BH, threads, [&](std::int64_t bh) {
+          thread_local std::vector<float> rec;
+          rec.resize(static_cast<std::size_t>(nq * D));
+          st.dequantize(s, c, bh, 0, nq, rec.data());
+          for (std::int64_t j = 0; j < nq; ++j) {
+            cpu::store_row_f32(s.dense.data() + (bh * st.dense_cap + row0 + j) * D * es, st.dtype, D, rec.data() + j * D);
+          }
+        });
+      }
     }
   }
-  s.chunks.push_back(std::move(ch));
-
-  if (!s.dense.empty()) {  // the dense view now shows the reconstruction
-    detail::ThreadPool::global().parallel_for(BH, threads, [&](std::int64_t bh) {
-      thread_local std::vector<float> rec;
-      rec.resize(static_cast<std::size_t>(nq * D));
-      st.dequantize(s, s.chunks.size() - 1, bh, 0, nq, rec.data());
-      for (std::int64_t i = 0; i < nq; ++i) {
-        cpu::store_row_f32(s.dense.data() + (bh * st.dense_cap + st.q_end + skip + i) * D * es, st.dtype, D,
-                      rec.data() + i * D);
-      }
-    });
-  }
+  st.q_end += n_w * r;
 }
 
 void grow_dense(SkvqState& st, Side& s, std::int64_t new_cap) {
@@ -303,6 +373,18 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
   const int threads = cache_threads(st);
   for (std::int64_t t = 0; t < S;) {
     const std::int64_t live = st.offset - st.q_end;
+    if (live == 0 && S - t >= r) {  // whole windows straight from the input, one job for all of them
+      const std::int64_t n_w = (S - t) / r;
+      if (cfg.dense_view) {
+        copy_rows(k, t, n_w * r, st.k.dense.data(), st.dense_cap, st.offset, threads);
+        copy_rows(v, t, n_w * r, st.v.dense.data(), st.dense_cap, st.offset, threads);
+      }
+      const RowSource src[2] = {{nullptr, k, t}, {nullptr, v, t}};
+      flush_windows(st, src, n_w);
+      st.offset += n_w * r;
+      t += n_w * r;
+      continue;
+    }
     const std::int64_t n = std::min(S - t, r - live);
     copy_rows(k, t, n, st.k.tail.data(), r, live, threads);
     copy_rows(v, t, n, st.v.tail.data(), r, live, threads);
@@ -313,9 +395,8 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
     st.offset += n;
     t += n;
     if (st.offset - st.q_end == r) {
-      flush_side(st, st.k);
-      flush_side(st, st.v);
-      st.q_end += r;
+      const RowSource src[2] = {{st.k.tail.data(), {}, 0}, {st.v.tail.data(), {}, 0}};
+      flush_windows(st, src, 1);
     }
   }
   st.tokens_seen += S;
