@@ -197,7 +197,7 @@ void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
   }
   const int m = meta_bytes(cfg.metadata);
   const int threads = cache_threads(st);
-  // The chunks, [side][window], and the tasks: for each, (side, window) pairs in order, BH heads of
+  // The chunks, [side][window], and the tasks: window by window, keys then values, BH heads of
   // per_head blocks each (window 0 of a first flush has nq = r - skip rows a head, others r).
   std::vector<PackedChunk> chunks[2];
   const FlushTasks full = flush_tasks(2 * BH * n_w, r, threads), part = flush_tasks(2 * BH * n_w, r - skip, threads);
@@ -215,7 +215,6 @@ void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
     }
   }
   const std::vector<float> grid = cfg.clip_grid();
-  // (window by window, keys then values, as the rows come in the input)
   detail::ThreadPool::global().parallel_for(2 * (per_window[0] + (n_w - 1) * per_window[1]), threads, [&](std::int64_t task) {
     std::int64_t w = 0, k = task;
     if (k >= 2 * per_window[0]) {
