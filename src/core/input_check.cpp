@@ -80,11 +80,7 @@ void check_head(const TensorView& t, const char* name, std::int64_t b, std::int6
         cpu::max_abs_bits16(reinterpret_cast<const std::uint16_t*>(t.ptr(b, h, i, 0)), s[3]) <= f16_limit) {
       continue;
     }
-    if (t.strides[3] == 1) {
-      cpu::load_row_f32(t.ptr(b, h, i, 0), t.dtype, s[3], row.data());
-    } else {
-      for (std::int64_t d = 0; d < s[3]; ++d) row[static_cast<std::size_t>(d)] = t.at(b, h, i, d);
-    }
+    cpu::load_view_rows(t, b, h, i, 1, row.data());
     if (cpu::max_abs(row.data(), s[3]) <= limit) continue;  // false for NaN: find the culprit below
     for (std::int64_t d = 0; d < s[3]; ++d) {
       const float x = row[static_cast<std::size_t>(d)];

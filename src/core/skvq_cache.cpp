@@ -80,40 +80,20 @@ int cache_threads(const SkvqState& st) {
   return st.threads > 0 ? std::min(st.threads, pool) : pool;
 }
 
-// Where a flush reads a side's rows: the tail buffer [B*H, window, D] (one window, the rows appended one
-// call at a time), or an append's input, whose window w starts at token t0 + w * window (whole windows
-// straight from the caller's tensor, in any strides). Both hold the cache's dtype.
+// Where a flush reads a side's rows: a [B, H, T, D] view of the cache's dtype whose window w starts at
+// token t0 + w * window: the tail buffer (one window, the rows appended a few at a time), or an
+// append's input (whole windows straight from the caller's tensor, in any strides).
 struct RowSource {
-  const std::byte* tail = nullptr;
-  TensorView input{};
+  TensorView rows;
   std::int64_t t0 = 0;
-
-  // Rows [row, row + n) of window w of head bh as n x D float32.
-  void load(const SkvqState& st, const Side& s, std::int64_t w, std::int64_t bh, std::int64_t row, std::int64_t n,
-            float* out) const {
-    const std::int64_t D = s.head_dim, r = st.cfg.window;
-    if (tail) {
-      cpu::load_row_f32(tail + (bh * r + row) * D * st.esize(), st.dtype, n * D, out);
-      return;
-    }
-    const std::int64_t b = bh / st.heads, h = bh % st.heads, t = t0 + w * r + row;
-    for (std::int64_t i = 0; i < n; ++i) {
-      if (input.strides[3] == 1) {
-        cpu::load_row_f32(input.ptr(b, h, t + i, 0), st.dtype, D, out + i * D);
-      } else {
-        for (std::int64_t d = 0; d < D; ++d) out[i * D + d] = input.at(b, h, t + i, d);
-      }
-    }
+  static RowSource tail(const SkvqState& st, const Side& s) {
+    return {TensorView::contiguous(const_cast<std::byte*>(s.tail.data()), st.dtype,
+                                   {st.batch, st.heads, st.cfg.window, s.head_dim}),
+            0};
   }
-  // Row `row` of window 0 of head bh, its bytes as stored (a sink).
-  void copy_row(const SkvqState& st, const Side& s, std::int64_t bh, std::int64_t row, std::byte* out) const {
-    const std::int64_t D = s.head_dim, es = st.esize();
-    if (tail) {
-      std::memcpy(out, tail + (bh * st.cfg.window + row) * D * es, static_cast<std::size_t>(D * es));
-      return;
-    }
-    const std::int64_t b = bh / st.heads, h = bh % st.heads;
-    for (std::int64_t d = 0; d < D; ++d) std::memcpy(out + d * es, input.ptr(b, h, t0 + row, d), static_cast<std::size_t>(es));
+  // Rows [row, row + n) of window w of head bh as n x D float32.
+  void load(const SkvqState& st, std::int64_t w, std::int64_t bh, std::int64_t row, std::int64_t n, float* out) const {
+    cpu::load_view_rows(rows, bh / st.heads, bh % st.heads, t0 + w * st.cfg.window + row, n, out);
   }
 };
 
@@ -128,7 +108,7 @@ void compute_perms(const SkvqState& st, Side& s, const RowSource& src) {
     std::vector<float> mn(D, INFINITY), mx(D, -INFINITY), range(D), x(D);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t < r; ++t) {
-        src.load(st, s, 0, b * H + h, t, 1, x.data());
+        src.load(st, 0, b * H + h, t, 1, x.data());
         for (std::int64_t c = 0; c < D; ++c) {
           mn[c] = std::min(mn[c], x[c]);
           mx[c] = std::max(mx[c], x[c]);
@@ -236,7 +216,7 @@ void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
     // The rows as float32; the quantizer gathers them permuted and padded.
     thread_local Scratch scratch;
     scratch.reserve(static_cast<std::size_t>(n * P), static_cast<std::size_t>(n * G));
-    src[i].load(st, s, w, bh, row0 + i0, n, scratch.x.get());
+    src[i].load(st, w, bh, row0 + i0, n, scratch.x.get());
     QuantParams qp;
     qp.x = scratch.x.get();
     qp.n_rows = n;
@@ -270,8 +250,7 @@ void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
     const std::int64_t D = s.head_dim, es = st.esize();
     if (skip > 0) {  // sink rows stay exact, apart from the packed store
       s.sinks.assign(static_cast<std::size_t>(BH * skip * D * es), std::byte{0});
-      for (std::int64_t bh = 0; bh < BH; ++bh)
-        for (std::int64_t t = 0; t < skip; ++t) src[i].copy_row(st, s, bh, t, s.sinks.data() + (bh * skip + t) * D * es);
+      copy_rows(src[i].rows, src[i].t0, skip, s.sinks.data(), skip, 0, 1);
     }
     for (PackedChunk& ch : chunks[i]) s.chunks.push_back(std::move(ch));
     if (!s.dense.empty()) {  // the dense view now shows the reconstruction
@@ -378,7 +357,7 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
         copy_rows(k, t, n_w * r, st.k.dense.data(), st.dense_cap, st.offset, threads);
         copy_rows(v, t, n_w * r, st.v.dense.data(), st.dense_cap, st.offset, threads);
       }
-      const RowSource src[2] = {{nullptr, k, t}, {nullptr, v, t}};
+      const RowSource src[2] = {{k, t}, {v, t}};
       flush_windows(st, src, n_w);
       st.offset += n_w * r;
       t += n_w * r;
@@ -394,7 +373,7 @@ void append_checked(SkvqState& st, const TensorView& k, const TensorView& v) {
     st.offset += n;
     t += n;
     if (st.offset - st.q_end == r) {
-      const RowSource src[2] = {{st.k.tail.data(), {}, 0}, {st.v.tail.data(), {}, 0}};
+      const RowSource src[2] = {RowSource::tail(st, st.k), RowSource::tail(st, st.v)};
       flush_windows(st, src, 1);
     }
   }

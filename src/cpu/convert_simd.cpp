@@ -152,6 +152,21 @@ void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(LoadRowF32)(p, t, n, out);
 }
 
+void load_view_rows(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t n, float* out) {
+  const std::int64_t D = v.shape[3];
+  if (v.strides[3] == 1 && (v.strides[2] == D || n == 1)) {
+    cpu::load_row_f32(v.ptr(b, h, t, 0), v.dtype, n * D, out);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (v.strides[3] == 1) {
+      cpu::load_row_f32(v.ptr(b, h, t + i, 0), v.dtype, D, out + i * D);
+    } else {
+      for (std::int64_t d = 0; d < D; ++d) out[i * D + d] = v.at(b, h, t + i, d);
+    }
+  }
+}
+
 float max_abs(const float* x, std::int64_t n) { return HWY_DYNAMIC_DISPATCH(MaxAbs)(x, n); }
 
 std::uint16_t max_abs_bits16(const std::uint16_t* h, std::int64_t n) {

@@ -8,11 +8,17 @@
 
 #include "skvq/config.hpp"
 #include "skvq/dtype.hpp"
+#include "skvq/tensor.hpp"
 
 namespace skvq::cpu {
 
 // n contiguous elements of dtype t at p -> out[0..n) as float32.
 void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out);
+
+// Rows [t, t + n) of head (b, h) of any view -> out[n][D] as float32: through
+// load_row_f32 where a row's channels are adjacent (one call where the rows
+// are too), element by element otherwise.
+void load_view_rows(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t n, float* out);
 
 // Largest |x| over x[0..n); NaN if any element is NaN.
 // in[0..n) stored as n contiguous elements of type t at p, byte for byte as

@@ -663,11 +663,7 @@ void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to,
           std::memcpy(out, in, static_cast<std::size_t>(D * es));
           continue;
         }
-        if (src.strides[3] == 1) {
-          cpu::load_row_f32(in, src.dtype, D, row.data());
-        } else {
-          for (std::int64_t c = 0; c < D; ++c) row[static_cast<std::size_t>(c)] = src.at(bh / H, bh % H, t0 + i, c);
-        }
+        cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
         cpu::store_row_f32(out, to, D, row.data());
       }
     }
