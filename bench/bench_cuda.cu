@@ -5,8 +5,9 @@
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
-//        | --upload B Hkv T [SETTING] | --host
+//        | --upload B Hkv T [SETTING] | --host | --dtypes
 //        | --read-floor | --head-dims [D B T] | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -20,6 +21,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -577,6 +579,106 @@ void host_table() {
       }
 }
 
+__global__ void f32_to_16(const float* x, std::size_t n, __half* h, unsigned short* b) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    h[i] = __float2half_rn(x[i]);
+    b[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+  }
+}
+
+// n random values in each element type, on the device: [0] fp32, [1] fp16, [2] bf16 (each the fp32
+// values rounded).
+struct TypedBuffers {
+  void* p[3] = {};
+  explicit TypedBuffers(std::size_t n, std::uint32_t seed) {
+    CHECK(cudaMalloc(&p[0], n * 4));
+    CHECK(cudaMalloc(&p[1], n * 2));
+    CHECK(cudaMalloc(&p[2], n * 2));
+    fill_random_f32<<<2048, 256>>>(static_cast<float*>(p[0]), n, seed);
+    f32_to_16<<<2048, 256>>>(static_cast<const float*>(p[0]), n, static_cast<__half*>(p[1]), static_cast<unsigned short*>(p[2]));
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+  }
+  ~TypedBuffers() {
+    for (void* x : p) cudaFree(x);
+  }
+  TypedBuffers(const TypedBuffers&) = delete;
+  TypedBuffers& operator=(const TypedBuffers&) = delete;
+};
+
+// The device calls in each element type: --dtypes. A decode step (per layer of a graph of L layers,
+// as decode_table's graph column) with queries and output in fp32, fp16 and bf16, the three
+// alternating over 3 rounds; then append_device of a prefill into an empty cache from fp16, bf16 and
+// fp32 rows on the device (bf16 and fp32 rounded to fp16 on the device: the tail's rows straight
+// into it, whole windows through scratch pieces), the flush's clip search on and off, the three
+// alternating; medians. K2V2 g128, Hq = 32, D = 128.
+void dtypes_table() {
+  const Setting& st = kSettings[0];
+  const DType types[3] = {DType::f32, DType::f16, DType::bf16};
+  const float scale = 0.088f;
+  std::printf("\n## Device calls in each element type: %s, Hq = 32, D = 128\n\n", st.name);
+  std::printf("Decode step, queries and output of the type (graph, per layer; median of 3 rounds)\n\n");
+  std::printf("| B | Hkv | kv_len | L | fp32 ms | fp16 ms | bf16 ms | fp16 / fp32 | bf16 / fp32 |\n|---|---|---|---|---|---|---|---|---|\n");
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {1, 32, 32768}, {8, 8, 131072},
+                                  {32, 32, 4096}}) {
+    const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
+    __half *k, *v;
+    CHECK(cudaMalloc(&k, n * 2));
+    CHECK(cudaMalloc(&v, n * 2));
+    random_half(k, n, 11);
+    random_half(v, n, 12);
+    std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+    fill_layers(caches, 1, make_config(st), B, Hkv, T, k, v);
+    const int L = stack_layers(static_cast<double>(caches[0]->bytes_read_per_step()));
+    fill_layers(caches, L, make_config(st), B, Hkv, T, k, v);
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+    const TypedBuffers q(static_cast<std::size_t>(B) * 32 * 128, 13);
+    void* out;
+    CHECK(cudaMalloc(&out, static_cast<std::size_t>(B) * 32 * 128 * 4));
+    std::vector<double> ms[3];
+    for (int round = 0; round < 3; ++round)
+      for (int i = 0; i < 3; ++i) {
+        ms[i].push_back(graph_ms(L, 50, [&](int l, cudaStream_t s) {
+          caches[l]->attend_device(q.p[i], types[i], 32, 1, scale, out, types[i], 0, s);
+        }));
+      }
+    const double a = median(ms[0]), b = median(ms[1]), c = median(ms[2]);
+    std::printf("| %d | %d | %lld | %d | %.4f | %.4f | %.4f | %.3f | %.3f |\n", B, Hkv, static_cast<long long>(T), L, a, b, c, b / a,
+                c / a);
+    std::fflush(stdout);
+    CHECK(cudaFree(out));
+  }
+  std::printf("\nPrefill: append_device of all the tokens into an empty cache (median of 5 each, alternating)\n\n");
+  std::printf("| B | Hkv | tokens | search | fp16 ms | bf16 ms | fp32 ms | fp16 GB/s in | bf16 GB/s in | fp32 GB/s in "
+              "| bf16 / fp16 | fp32 / fp16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [B, Hkv, P] : {std::tuple<int, int, std::int64_t>{1, 32, 16384}, {8, 8, 8192}, {1, 8, 1000}}) {
+    const std::size_t n = static_cast<std::size_t>(B) * Hkv * P * 128;
+    const TypedBuffers k(n, 21), v(n, 22);
+    for (bool search : {true, false}) {
+      const Config cfg = make_config(st, search);
+      std::vector<double> ms[3];
+      for (int round = 0; round < 5; ++round)
+        for (int i : {1, 2, 0}) {
+          std::unique_ptr<cuda::DeviceCache> c;
+          ms[i].push_back(time_ms(1, [&] { c->append_device(k.p[i], v.p[i], P, types[i]); },
+                                  [&] { c = std::make_unique<cuda::DeviceCache>(cfg, B, Hkv, 128, P); }));
+        }
+      const double h = median(ms[1]), b = median(ms[2]), f = median(ms[0]);
+      const double in16 = 2.0 * static_cast<double>(n) * 2;  // keys and values
+      std::printf("| %d | %d | %lld | %s | %.3f | %.3f | %.3f | %.0f | %.0f | %.0f | %.2f | %.2f |\n", B, Hkv,
+                  static_cast<long long>(P), search ? "on" : "off", h, b, f, in16 / h / 1e6, in16 / b / 1e6, 2 * in16 / f / 1e6,
+                  b / h, f / h);
+      std::fflush(stdout);
+    }
+  }
+}
+
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
 // of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
@@ -863,6 +965,10 @@ int main(int argc, char** argv) {
   }
   if (argc == 2 && std::strcmp(argv[1], "--host") == 0) {
     host_table();
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--dtypes") == 0) {
+    dtypes_table();
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

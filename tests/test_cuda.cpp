@@ -1212,6 +1212,136 @@ TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   EXPECT_EQ(small.offset(), 0);
 }
 
+// A host tensor's bytes in device memory, `offset` bytes past an allocation's (256-byte-aligned)
+// start; or `bytes` of room there.
+struct DeviceBytes {
+  void* base = nullptr;
+  void* p = nullptr;
+  DeviceBytes(std::size_t bytes, std::size_t offset) : base(cuda::device_alloc(bytes + 16)), p(static_cast<char*>(base) + offset) {}
+  explicit DeviceBytes(const Tensor& t, std::size_t offset = 0) : DeviceBytes(t.nbytes(), offset) {
+    cuda::copy_to_device(p, t.data(), t.nbytes());
+  }
+  ~DeviceBytes() { cuda::device_free(base); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
+// Every element of got within rel * |want| + abs of want.
+void expect_within(const Tensor& got, const Tensor& want, double rel, double abs, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const Shape4 s = want.shape();
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1]; ++h)
+      for (std::int64_t i = 0; i < s[2]; ++i)
+        for (std::int64_t d = 0; d < s[3]; ++d) {
+          const double w = want.view().at(b, h, i, d), g = got.view().at(b, h, i, d);
+          ASSERT_LE(std::fabs(g - w), rel * std::fabs(w) + abs) << what << " at [" << b << "," << h << "," << i << "," << d << "]: " << g << " vs " << w;
+        }
+}
+
+// The largest |x| of a tensor.
+double max_abs(const Tensor& t) {
+  double m = 0;
+  const Shape4 s = t.shape();
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t h = 0; h < s[1]; ++h)
+      for (std::int64_t i = 0; i < s[2]; ++i)
+        for (std::int64_t d = 0; d < s[3]; ++d) m = std::max(m, std::fabs(static_cast<double>(t.view().at(b, h, i, d))));
+  return m;
+}
+
+// The device entry points in the other element types: append_device from bf16 and fp32 rows (each
+// rounded to fp16 on the device, into the tail or through the flush's scratch pieces, from 16-byte-
+// aligned pointers and from merely element-aligned ones) gives, after every call, the state that the
+// host append() of the same rows gives (which the other tests hold to the CPU cache); attend_device
+// with fp16 or bf16 queries gives what fp32 queries holding the same values give, and fp16 or bf16
+// output is the fp32 output rounded (within the summation-order slack of balanced claiming, 1e-6 of
+// the output's size); the host attend() with fp16 queries, what it gives with them as fp32. Pointers
+// not aligned to their element (or, for q, to 16 bytes) and appends past the capacity are refused,
+// naming the argument, with the cache left as it was. Tuned kernels (D = 128, decode and prefill,
+// grouped-query) and the general path (D = 64).
+TEST(Cuda, DeviceCallsTakeFp16Bf16AndFp32) {
+  REQUIRE_GPU();
+  struct DtypeCase {
+    Config cfg;
+    std::int64_t Dv, B, H;
+    std::vector<std::int64_t> calls;
+    const char* piece_bytes;  // SKVQ_CUDA_CONVERT_BYTES (nullptr: the default, every whole window in one piece here)
+  };
+  Config small = gpu_config(32, 2, 32, 4, 4, MetaType::fp8_e4m3);
+  small.head_dim = 64;
+  const std::vector<DtypeCase> cases = {
+      {gpu_config(64, 3, 32, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}, nullptr},
+      {gpu_config(64, 3, 128, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}, "1"},  // a window a piece
+      {small, 32, 1, 3, {70, 3, 200}, "40000"},  // two windows a piece (18 KiB of fp16 a window)
+  };
+  std::uint32_t seed = 2000;
+  for (const DtypeCase& c : cases) {
+    if (c.piece_bytes) setenv("SKVQ_CUDA_CONVERT_BYTES", c.piece_bytes, 1);
+    const std::int64_t D = c.cfg.head_dim, T = std::accumulate(c.calls.begin(), c.calls.end(), std::int64_t{0});
+    for (DType dt : {DType::bf16, DType::f32, DType::f16}) {
+      const std::string what = std::string(dtype_name(dt)) + " D " + std::to_string(D) + " group " + std::to_string(c.cfg.group_size);
+      const Tensor k = Tensor::copy_of(randn({c.B, c.H, T, D}, seed++, DType::f32, true).view(), dt);
+      const Tensor v = Tensor::copy_of(randn({c.B, c.H, T, c.Dv}, seed++, DType::f32).view(), dt);
+      cuda::DeviceCache via_host(c.cfg, c.B, c.H, c.Dv, T), on_device(c.cfg, c.B, c.H, c.Dv, T);
+      std::int64_t t = 0;
+      for (std::size_t j = 0; j < c.calls.size(); ++j) {
+        const std::int64_t n = c.calls[j];
+        const Tensor ks = Tensor::copy_of(k.view().slice_tokens(t, n)), vs = Tensor::copy_of(v.view().slice_tokens(t, n));
+        via_host.append(ks.view(), vs.view());
+        // odd calls: keys one element past a 16-byte boundary
+        const DeviceBytes dk(ks, j % 2 == 1 ? dtype_size(dt) : 0), dv(vs);
+        if (j == 1) {  // refusals first: nothing changes
+          const SkvqCache before = on_device.to_host();
+          const DeviceBytes odd(ks, 1);
+          expect_error([&] { on_device.append_device(odd.p, dv.p, n, dt); }, {"keys", "aligned", dtype_name(dt).data()});
+          expect_error([&] { on_device.append_device(dk.p, odd.p, n, dt); }, {"values", "aligned"});
+          expect_error([&] { on_device.append_device(dk.p, dv.p, T, dt); }, {"context", "capacity="});
+          ASSERT_TRUE(on_device.to_host().same_state(before)) << what;
+        }
+        on_device.append_device(dk.p, dv.p, n, dt);
+        t += n;
+        ASSERT_TRUE(on_device.to_host().same_state(via_host.to_host())) << what << " after call " << j;
+      }
+      // attention in every query and output type
+      const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+      const auto run = [&](const Tensor& q, DType out_type, std::size_t q_offset = 0) {
+        const std::int64_t Hq = q.shape()[1], Sq = q.shape()[2];
+        Tensor out(out_type, {c.B, Hq, Sq, c.Dv});
+        const DeviceBytes dq(q, q_offset), dout(out.nbytes(), 0);
+        on_device.attend_device(dq.p, q.dtype(), Hq, Sq, scale, dout.p, out_type);
+        cuda::copy_to_host(out.data(), dout.p, out.nbytes());
+        return Tensor::copy_of(out.view(), DType::f32);
+      };
+      for (std::int64_t G : {1, 4}) {
+        for (std::int64_t Sq : {1, 3}) {
+          const std::string at = what + " G " + std::to_string(G) + " Sq " + std::to_string(Sq);
+          const Tensor q = randn({c.B, c.H * G, Sq, D}, seed++, DType::f32);
+          const Tensor want = run(q, DType::f32);
+          const double slack = 1e-6 * max_abs(want);
+          for (DType qt : {DType::f16, DType::bf16}) {
+            const Tensor qx = Tensor::copy_of(q.view(), qt);
+            expect_within(run(qx, DType::f32), run(Tensor::copy_of(qx.view(), DType::f32), DType::f32), 0, slack,
+                          at + " q " + std::string(dtype_name(qt)));
+          }
+          expect_within(run(q, DType::f16), want, 0x1p-11, slack + 0x1p-25, at + " out float16");
+          expect_within(run(q, DType::bf16), want, 0x1p-8, slack, at + " out bfloat16");
+          const Tensor q16 = Tensor::copy_of(q.view(), DType::f16);
+          expect_within(on_device.attend(q16.view(), scale), on_device.attend(Tensor::copy_of(q16.view(), DType::f32).view(), scale), 0,
+                        slack, at + " host attend, fp16 queries");
+        }
+      }
+      const Tensor q = randn({c.B, c.H, 1, D}, seed++, DType::f32);
+      expect_error([&] { (void)run(q, DType::f32, 4); }, {"q", "aligned", "16"});
+      expect_error([&] { (void)run(Tensor::copy_of(q.view(), DType::f16), DType::f32, 8); }, {"q", "aligned"});
+      Tensor out(DType::f32, {c.B, c.H, 1, c.Dv});
+      const DeviceBytes dq(q), dout(out.nbytes(), 2);
+      expect_error([&] { on_device.attend_device(dq.p, DType::f32, c.H, 1, scale, dout.p, DType::f32); }, {"out", "aligned", "float32"});
+    }
+    if (c.piece_bytes) unsetenv("SKVQ_CUDA_CONVERT_BYTES");
+  }
+}
+
 // x [B, H, T, D] with each batch entry repeated `repeat` times (entry b of the result is entry
 // b / repeat of x), then, along the tokens, y's rows (y has the result's batch).
 Tensor repeat_then_append(const TensorView& x, std::int64_t repeat, const TensorView& y) {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "skvq/config.hpp"
+#include "skvq/dtype.hpp"
 #include "skvq/layer_cache.hpp"
 
 struct CUstream_st;  // the CUDA runtime's stream type (cudaStream_t is CUstream_st*)
@@ -90,6 +91,13 @@ class DeviceCache {
   // are not checked (that would read the input a second time): a non-finite
   // one gives codes of no use, as the CPU cache would refuse it.
   void append_device(const void* keys, const void* values, std::int64_t S, Stream stream = nullptr);
+  // Same with keys and values of `dtype`: fp16 as above; bf16 or fp32 rounded to fp16 on the device
+  // (to nearest, ties to even, as append() rounds host input; not checked either) as they are read:
+  // rows for the tail straight into it, whole windows through a scratch buffer in pieces of at most
+  // 64 MiB of fp16 (at least a window), allocated on `stream` (stream-ordered) for the call.
+  // Errors, before anything is enqueued (the cache unchanged): S < 1, a context past the capacity,
+  // keys or values not aligned to their element size.
+  void append_device(const void* keys, const void* values, std::int64_t S, DType dtype, Stream stream = nullptr);
   // Same from host tensors (any dtype/strides; converted to fp16 on the host),
   // checked as the CPU cache checks them (non-finite values and values past
   // the metadata's or fp16's range, or a context past the capacity, are errors;
@@ -118,7 +126,15 @@ class DeviceCache {
   // tested tolerance); SKVQ_CUDA_BALANCE=0 makes every call bit-reproducible.
   void attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                      int num_splits = 0, Stream stream = nullptr) const;
-  // Same with host tensors (any dtype/strides); returns [B, Hq, Sq, Dv] fp32.
+  // Same with queries of q_type and output of out_type, each fp32, fp16 or bf16: 16-bit queries are
+  // widened to fp32 (exactly) by one small kernel into the stream's split workspace before the
+  // attention kernels, which read fp32 queries whatever the call's type; the output is the float32
+  // result rounded to nearest. q must be 16-byte aligned, out aligned to its element size; otherwise
+  // an error naming it, before anything is enqueued.
+  void attend_device(const void* q, DType q_type, std::int64_t num_q_heads, std::int64_t sq, float scale, void* out,
+                     DType out_type, int num_splits = 0, Stream stream = nullptr) const;
+  // Same with host tensors (any dtype/strides: fp16 and bf16 queries move as they are, others as
+  // fp32); returns [B, Hq, Sq, Dv] fp32.
   // Through the same staging buffers as append() (a set grown past 8 MiB for
   // a long query is freed after the call); on the legacy default stream, and
   // waits for the result.

@@ -2604,7 +2604,7 @@ __device__ __forceinline__ void exact_row(const AttnParams& p, std::int64_t qrow
 constexpr int kCombineFewSplits = 16;
 constexpr int kCombineManyLoads = 64;  // kU where there are more splits
 template <bool EXACT, int kU>
-__global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+__global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_kernel(const AttnParams p, const int* vperm_all, void* out) {
   extern __shared__ float sw[];  // [splits] weights exp2(m_s - M)
   __shared__ float red[kD / 32];
   static_assert(kD == 128, "4 warps a block");
@@ -2660,7 +2660,7 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 #pragma unroll
     for (int u = 0; u < kU; ++u) A[u % 4] = fmaf(x[u], s + u < p.splits ? sw[s + u] : 0.0f, A[u % 4]);
   }
-  out[qrow * kD + dst] = ((A[0] + A[1]) + (A[2] + A[3])) / L;
+  store_out(p, out, qrow * kD + dst, ((A[0] + A[1]) + (A[2] + A[3])) / L);
   trace_block(trace::kCombine, trace_t0, trace_t1);
 }
 
@@ -3091,7 +3091,29 @@ int choose_splits(const AttnParams& p, int requested) {
   return static_cast<int>(splits);
 }
 
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream) {
+namespace {
+
+// n 16-bit queries (fp16, or bf16 where BF16) widened to fp32 (exactly).
+template <bool BF16>
+__global__ void __launch_bounds__(256) widen_queries_kernel(const unsigned short* __restrict__ q, std::int64_t n, float* __restrict__ out) {
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const unsigned short u = q[i];
+    out[i] = BF16 ? __uint_as_float(static_cast<unsigned>(u) << 16) : __half2float(__ushort_as_half(u));
+  }
+}
+
+void widen_queries(const void* q, bool bf16, std::int64_t n, float* out, cudaStream_t stream) {
+  const int blocks = static_cast<int>(std::min<std::int64_t>((n + 255) / 256, 1024));
+  const auto* src = static_cast<const unsigned short*>(q);
+  if (bf16) widen_queries_kernel<true><<<blocks, 256, 0, stream>>>(src, n, out);
+  else widen_queries_kernel<false><<<blocks, 256, 0, stream>>>(src, n, out);
+  SKVQ_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cudaStream_t stream) {
   if (p.Dv == 0) p.Dv = p.D;
   if (p.group_v == 0) p.group_v = p.group;
   const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
@@ -3163,11 +3185,21 @@ void run_attention(AttnParams p, bool dense, int requested_splits, float* out, c
   }
   // (a counter per KV head and body launch: launch_fast_rows moves each launch to its own)
   const std::int64_t n_claims = p.balance ? static_cast<std::int64_t>(p.B) * p.Hkv * fast_launches(p) : 0;
-  const Workspace w = workspace(static_cast<std::size_t>(rows) * p.splits * (2 + p.Dv) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
+  // 16-bit queries are widened to fp32 into the workspace first (one small kernel), so that every
+  // attention kernel reads fp32 queries as it always has
+  const std::int64_t partials = (rows * p.splits * (2 + p.Dv) + 3) / 4 * 4;  // (the queries 16-byte aligned after them)
+  const std::int64_t q_floats = p.q16 ? rows * p.D : 0;
+  const Workspace w = workspace(static_cast<std::size_t>(partials + q_floats) * sizeof(float), static_cast<std::size_t>(n_claims), stream);
   float* ws = w.ptr;
   p.ws_m = ws;
   p.ws_l = ws + rows * p.splits;
   p.ws_acc = ws + 2 * rows * p.splits;
+  if (q_floats > 0) {
+    widen_queries(p.q16, p.q_type == kTypeBF16, q_floats, ws + partials, stream);
+    p.q = ws + partials;
+    p.q16 = nullptr;
+    p.q_type = kTypeF32;
+  }
   if (p.balance) {
     p.claims = w.buf->claims;
     p.n_claims = static_cast<int>(n_claims);

@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, i
 }
 
 // One block per query row, a thread per value channel: the splits merged, the value permutation undone.
-__global__ void __launch_bounds__(256) general_combine_kernel(const AttnParams p, const int* vperm_all, float* out) {
+__global__ void __launch_bounds__(256) general_combine_kernel(const AttnParams p, const int* vperm_all, void* out) {
   const std::int64_t qrow = blockIdx.x;  // (b * Hq + hq) * Sq + i
   const int j = threadIdx.x;
   if (j >= p.Dv) return;
@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(256) general_combine_kernel(const AttnParams p
     A = fmaf(acc[static_cast<std::int64_t>(s) * p.Dv], w, A);
   }
   const int dst = vperm_all ? vperm_all[h * p.Dv + j] : j;
-  out[qrow * p.Dv + dst] = A / L;
+  store_out(p, out, qrow * p.Dv + dst, A / L);
 }
 
 // exact_base >= 0: the exact tokens alone, in splits [exact_base, p.splits) (general_kernel).
@@ -421,7 +421,7 @@ void with_widths(int kb, int vb, F&& f) {
 bool head_dim_supported(std::int64_t d) { return d >= 16 && d <= kGeneralMaxHeadDim && d % 16 == 0; }
 bool general_shape_supported(std::int64_t D, std::int64_t Dv) { return head_dim_supported(D) && head_dim_supported(Dv); }
 
-void launch_general(const AttnParams& p, bool dense, float* out, cudaStream_t stream) {
+void launch_general(const AttnParams& p, bool dense, void* out, cudaStream_t stream) {
   if (!general_shape_supported(p.D, p.Dv)) {
     throw Error("skvq: cuda attend: head dims D=" + std::to_string(p.D) + ", Dv=" + std::to_string(p.Dv) +
                 " must be multiples of 16 in [16, " + std::to_string(kGeneralMaxHeadDim) + "]");

@@ -1,7 +1,10 @@
 // DeviceCache: the host side of the GPU layer cache (allocation, the append
 // state machine, flush launches, attention launches, moves between host and device).
 #include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -517,35 +520,105 @@ DeviceCacheImpl& DeviceCache::impl() const {
   return *impl_;
 }
 
+namespace {
+
+static_assert(static_cast<int>(DType::f16) == kTypeF16 && static_cast<int>(DType::bf16) == kTypeBF16 &&
+              static_cast<int>(DType::f32) == kTypeF32);
+
+// A device pointer the caller passed, against the alignment its kernels need (a misaligned one
+// would fault on the device and leave the CUDA context unusable).
+void check_aligned(const std::string& what, const char* name, const void* p, std::size_t align, DType t) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  if (at % align == 0) return;
+  char hex[32];
+  std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(at));
+  throw Error(what + name + "=" + hex + " (" + std::string(dtype_name(t)) + ") must be aligned to " + std::to_string(align) +
+              " bytes");
+}
+
+// The fp16 bytes of keys and values a piece of converted whole windows may take (SKVQ_CUDA_CONVERT_BYTES
+// for tests; at least one window is taken whatever it says).
+std::int64_t convert_piece_bytes() { return std::max(1, env_int("SKVQ_CUDA_CONVERT_BYTES", 64 << 20)); }
+
+// Device memory for one call, allocated and freed in the order of `stream`.
+class StreamScratch {
+ public:
+  StreamScratch(std::int64_t bytes, cudaStream_t stream) : stream_(stream) {
+    if (bytes > 0) SKVQ_CUDA_CHECK(cudaMallocAsync(&ptr_, static_cast<std::size_t>(bytes), stream));
+  }
+  ~StreamScratch() {
+    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);  // (an error here is a device error a later call reports)
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  __half* get() const { return static_cast<__half*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
 void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, Stream stream) {
+  append_device(keys, values, S, DType::f16, stream);
+}
+
+void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, DType dtype, Stream stream) {
   DeviceCacheImpl& d = impl();
-  if (S < 1) throw Error("skvq: cuda::DeviceCache::append_device: S=" + std::to_string(S) + " must be >= 1");
+  const std::string what = "skvq: cuda::DeviceCache::append_device: ";
+  if (S < 1) throw Error(what + "S=" + std::to_string(S) + " must be >= 1");
+  check_aligned(what, "keys", keys, dtype_size(dtype), dtype);
+  check_aligned(what, "values", values, dtype_size(dtype), dtype);
   if (d.offset + S > d.capacity) {
     throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
                 std::to_string(d.capacity));
   }
+  const std::int64_t r = d.cfg.window, BH = d.B * d.H;
+  const bool half = dtype == DType::f16;
+  // bf16 and fp32 whole windows go through fp16 scratch in pieces of `piece` tokens (whole windows)
+  std::int64_t piece = 0;
+  if (!half) {
+    const std::int64_t live = d.offset - d.q_end, first = live == 0 ? 0 : std::min(S, r - live);
+    const std::int64_t whole = (S - first) / r * r, token = BH * (d.k.D + d.v.D) * 2;
+    piece = std::min(whole, std::max<std::int64_t>(1, convert_piece_bytes() / (token * r)) * r);
+  }
+  const StreamScratch scratch(piece * BH * (d.k.D + d.v.D) * 2, stream);
+  __half* sk = scratch.get();
+  __half* sv = piece > 0 ? sk + BH * piece * d.k.D : nullptr;
   const auto* ks = static_cast<const __half*>(keys);
   const auto* vs = static_cast<const __half*>(values);
-  const std::int64_t r = d.cfg.window;
   for (std::int64_t t = 0; t < S;) {
     const std::int64_t live = d.offset - d.q_end;
-    if (live == 0 && S - t >= r) {  // whole windows straight from the input, one launch
-      const int n_chunks = static_cast<int>((S - t) / r);
-      d.flush(ks, vs, S, t, n_chunks, stream);
-      d.offset += static_cast<std::int64_t>(n_chunks) * r;
-      t += static_cast<std::int64_t>(n_chunks) * r;
+    if (live == 0 && S - t >= r) {  // whole windows straight from the input (fp16: one launch)
+      std::int64_t n = (S - t) / r * r;
+      if (half) {
+        d.flush(ks, vs, S, t, static_cast<int>(n / r), stream);
+      } else {
+        n = std::min(n, piece);
+        run_rows_to_half(keys, dtype, BH, S, t, n, sk, n, 0, d.k.D, stream);
+        run_rows_to_half(values, dtype, BH, S, t, n, sv, n, 0, d.v.D, stream);
+        d.flush(sk, sv, n, 0, static_cast<int>(n / r), stream);
+      }
+      d.offset += n;
+      t += n;
       continue;
     }
     const std::int64_t n = std::min(S - t, r - live);
-    d.to_tail(ks, S, t, n, d.k, stream);
-    d.to_tail(vs, S, t, n, d.v, stream);
+    if (half) {
+      d.to_tail(ks, S, t, n, d.k, stream);
+      d.to_tail(vs, S, t, n, d.v, stream);
+    } else {
+      run_rows_to_half(keys, dtype, BH, S, t, n, d.k.tail, r, live, d.k.D, stream);
+      run_rows_to_half(values, dtype, BH, S, t, n, d.v.tail, r, live, d.v.D, stream);
+    }
     d.offset += n;
     t += n;
     if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, r, 0, 1, stream);
   }
   d.tokens_seen += S;
-  d.fp16_k += d.B * d.H * S * d.k.D * 2;
-  d.fp16_v += d.B * d.H * S * d.v.D * 2;
+  d.fp16_k += BH * S * d.k.D * 2;
+  d.fp16_v += BH * S * d.v.D * 2;
 }
 
 namespace {
@@ -648,7 +721,7 @@ class StagingLease {
 };
 
 // Rows [t0, t0 + n) of every (b, h) of `src` into dst as contiguous [B, H, n, D] elements of type `to`
-// (fp16 or fp32), converted as the CPU cache converts its input; on the pool's threads for long copies.
+// (any of them), converted as the CPU cache converts its input; on the pool's threads for long copies.
 void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to, unsigned char* dst) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(to));
@@ -715,10 +788,21 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
 
 void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::int64_t sq, float scale, float* out,
                                 int num_splits, Stream stream) const {
+  attend_device(q, DType::f32, num_q_heads, sq, scale, out, DType::f32, num_splits, stream);
+}
+
+void DeviceCache::attend_device(const void* q, DType q_type, std::int64_t num_q_heads, std::int64_t sq, float scale, void* out,
+                                DType out_type, int num_splits, Stream stream) const {
   const DeviceCacheImpl& d = impl();
   d.check_attend(num_q_heads, sq);
+  const std::string what = "skvq: cuda::DeviceCache::attend_device: ";
+  check_aligned(what, "q", q, 16, q_type);
+  check_aligned(what, "out", out, dtype_size(out_type), out_type);
   AttnParams p;
-  p.q = q;
+  if (q_type == DType::f32) p.q = static_cast<const float*>(q);
+  else p.q16 = q;
+  p.q_type = static_cast<int>(q_type);
+  p.out_type = static_cast<int>(out_type);
   p.k = d.k;
   p.v = d.v;
   p.B = static_cast<int>(d.B);
@@ -749,13 +833,15 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   d.check_attend(Hq, Sq);
   if (queries.data == nullptr) throw Error("skvq: cuda attend: queries have no data");
   Tensor out(DType::f32, {d.B, Hq, Sq, d.v.D});
-  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * 4;
+  // 16-bit queries move as they are (the kernels read them as such), others as fp32
+  const DType qt = queries.dtype == DType::f16 || queries.dtype == DType::bf16 ? queries.dtype : DType::f32;
+  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * dtype_size(qt);
   const std::size_t at = (qbytes + 255) / 256 * 256;  // the output's place in the device buffer
   StagingLease st(at + out.nbytes());
-  rows_into(queries, 0, Sq, DType::f32, st->host_buffer(0));
+  rows_into(queries, 0, Sq, qt, st->host_buffer(0));
   st->upload(0, 0, qbytes);
-  auto* dout = reinterpret_cast<float*>(st->dev + at);
-  attend_device(reinterpret_cast<const float*>(st->dev), Hq, Sq, scale, dout);
+  unsigned char* dout = st->dev + at;
+  attend_device(st->dev, qt, Hq, Sq, scale, dout, DType::f32);
   unsigned char* h = st->host_buffer(1);
   SKVQ_CUDA_CHECK(cudaMemcpyAsync(h, dout, out.nbytes(), cudaMemcpyDeviceToHost, cudaStreamLegacy));
   SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));

@@ -22,9 +22,17 @@ struct DevSide {
   std::int64_t slot_meta = 0;      // B*H*window*G*meta_bytes
 };
 
+// Element types of the attention's queries and output, as skvq::DType numbers them.
+constexpr int kTypeF16 = 0, kTypeBF16 = 1, kTypeF32 = 2;
+
 // Parameters of the split-K decode/prefill attention kernel.
 struct AttnParams {
-  const float* q = nullptr;   // [B, Hq, Sq, D] fp32
+  const float* q = nullptr;   // [B, Hq, Sq, D] fp32 (16-byte aligned), what the kernels read
+  // Queries as the caller gave them when they are 16-bit (q_type kTypeF16 or kTypeBF16): run_attention
+  // widens them into its workspace and points q there.
+  const void* q16 = nullptr;
+  int q_type = kTypeF32;
+  int out_type = kTypeF32;    // the output's element type (the combine kernels' store_out)
   float* ws_m = nullptr;      // [B*Hq*Sq][splits]
   float* ws_l = nullptr;      // [B*Hq*Sq][splits]
   float* ws_acc = nullptr;    // [B*Hq*Sq][splits][Dv] in the values' permuted order

@@ -6,11 +6,12 @@
 #include <cstdint>
 
 #include "cuda/device_state.cuh"
+#include "skvq/dtype.hpp"
 
 namespace skvq::cuda {
 
-// Split-K attention + combine enqueued on `stream`; out [B, Hq, Sq, D] fp32 (device).
-void run_attention(AttnParams p, bool dense, int requested_splits, float* out, cudaStream_t stream);
+// Split-K attention + combine enqueued on `stream`; out [B, Hq, Sq, Dv] of p.out_type (device).
+void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cudaStream_t stream);
 int choose_splits(const AttnParams& p, int requested);
 bool mma_enabled();
 // The general attention path (attend_general.cu): head dims other than 128 and the code widths the
@@ -20,7 +21,7 @@ bool mma_enabled();
 constexpr int kGeneralMaxHeadDim = 256;
 bool head_dim_supported(std::int64_t d);  // a multiple of 16 in [16, kGeneralMaxHeadDim]
 bool general_shape_supported(std::int64_t D, std::int64_t Dv);
-void launch_general(const AttnParams& p, bool dense, float* out, cudaStream_t stream);
+void launch_general(const AttnParams& p, bool dense, void* out, cudaStream_t stream);
 // The general path's tensor-core kernel for the packed body (attend_tc.cu): tc_shape_ok says whether
 // it takes p's shape (head dims 32, 64, 96, 128 or 256 for keys and values alike, 2- or 4-bit
 // codes, metadata groups of 32, 64 or 128 dividing the row or 96 at head dim 96, the window a
@@ -50,6 +51,14 @@ struct FlushParams {
   // estimate first): SKVQ_CUDA_FLUSH=exact, for tests and benchmarks
   bool exact_search = false;
 };
+
+// Rows [first, first + n) of each of rows_bh entries of src ([rows_bh][src_tokens][D], bf16 or fp32,
+// aligned to its element) rounded to fp16 (to nearest, ties to even, as the host conversion rounds)
+// into rows [dst_first, dst_first + n) of dst ([rows_bh][dst_tokens][D], 16-byte aligned rows); D a
+// multiple of 8. One launch on `stream` (convert.cu).
+void run_rows_to_half(const void* src, DType src_type, std::int64_t rows_bh, std::int64_t src_tokens, std::int64_t first,
+                      std::int64_t n, __half* dst, std::int64_t dst_tokens, std::int64_t dst_first, int D,
+                      cudaStream_t stream);
 
 // Permutations from chunk 0's rows (all `window` rows, sinks included).
 void run_perm(const FlushParams& f, DevSide& side, cudaStream_t stream);

@@ -1,7 +1,10 @@
 // Device helpers shared by the attention kernels (attend.cu, attend_general.cu, attend_tc.cu): the
-// fast exp2, the fp16 and bf16 MMAs, the quad sums and the merge of a block's partial softmax states
-// into its split's workspace slot.
+// fast exp2, the fp16 and bf16 MMAs, the output stores in the call's element type,
+// the quad sums and the merge of a block's partial softmax states into its split's workspace slot.
 #pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cstdint>
 
@@ -25,6 +28,13 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Output element i (of the [B, Hq, Sq, Dv] array of p.out_type): v rounded to nearest.
+__device__ __forceinline__ void store_out(const AttnParams& p, void* out, std::int64_t i, float v) {
+  if (p.out_type == kTypeF32) static_cast<float*>(out)[i] = v;
+  else if (p.out_type == kTypeF16) static_cast<__half*>(out)[i] = __float2half_rn(v);
+  else static_cast<unsigned short*>(out)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
 // The sum of v over the four lanes of a quad (lanes 4g .. 4g + 3: an MMA fragment's row), in every

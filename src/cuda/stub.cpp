@@ -21,8 +21,12 @@ DeviceCache::~DeviceCache() = default;
 DeviceCache::DeviceCache(DeviceCache&&) noexcept = default;
 DeviceCache& DeviceCache::operator=(DeviceCache&&) noexcept = default;
 void DeviceCache::append_device(const void*, const void*, std::int64_t, Stream) { no_cuda(); }
+void DeviceCache::append_device(const void*, const void*, std::int64_t, DType, Stream) { no_cuda(); }
 void DeviceCache::append(const TensorView&, const TensorView&) { no_cuda(); }
 void DeviceCache::attend_device(const float*, std::int64_t, std::int64_t, float, float*, int, Stream) const { no_cuda(); }
+void DeviceCache::attend_device(const void*, DType, std::int64_t, std::int64_t, float, void*, DType, int, Stream) const {
+  no_cuda();
+}
 Tensor DeviceCache::attend(const TensorView&, float) const { no_cuda(); }
 const Config& DeviceCache::config() const { no_cuda(); }
 std::int64_t DeviceCache::batch() const { no_cuda(); }
