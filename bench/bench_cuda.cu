@@ -5,7 +5,7 @@
 //   scripts/gpu_report.py merges with PyTorch's numbers.
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
-//        | --upload B Hkv T [SETTING] | --host | --dtypes
+//        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
 //        | --read-floor | --head-dims [D B T] | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -607,23 +607,11 @@ struct TypedBuffers {
   TypedBuffers& operator=(const TypedBuffers&) = delete;
 };
 
-// The device calls in each element type: --dtypes. A decode step (per layer of a graph of L layers,
-// as decode_table's graph column) with queries and output in fp32, fp16 and bf16, the three
-// alternating over 3 rounds; then append_device of a prefill into an empty cache from fp16, bf16 and
-// fp32 rows on the device (bf16 and fp32 rounded to fp16 on the device: the tail's rows straight
-// into it, whole windows through scratch pieces), the flush's clip search on and off, the three
-// alternating; medians. K2V2 g128, Hq = 32, D = 128.
-void dtypes_table() {
-  const Setting& st = kSettings[0];
-  const DType types[3] = {DType::f32, DType::f16, DType::bf16};
-  const float scale = 0.088f;
-  std::printf("\n## Device calls in each element type: %s, Hq = 32, D = 128\n\n", st.name);
+// --dtypes' decode table: a step with queries and output in each type.
+template <typename Median>
+void dtypes_decode(const Setting& st, const DType (&types)[3], float scale, const Median& median) {
   std::printf("Decode step, queries and output of the type (graph, per layer; median of 3 rounds)\n\n");
   std::printf("| B | Hkv | kv_len | L | fp32 ms | fp16 ms | bf16 ms | fp16 / fp32 | bf16 / fp32 |\n|---|---|---|---|---|---|---|---|---|\n");
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {1, 32, 32768}, {8, 8, 131072},
                                   {32, 32, 4096}}) {
     const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
@@ -654,7 +642,14 @@ void dtypes_table() {
     std::fflush(stdout);
     CHECK(cudaFree(out));
   }
-  std::printf("\nPrefill: append_device of all the tokens into an empty cache (median of 5 each, alternating)\n\n");
+}
+
+// --dtypes' prefill table: append_device from rows in each type.
+template <typename Median>
+void dtypes_prefill(const Setting& st, const DType (&types)[3], const Median& median) {
+  const char* piece = std::getenv("SKVQ_CUDA_CONVERT_BYTES");
+  std::printf("\nPrefill: append_device of all the tokens into an empty cache (median of 5 each, alternating; "
+              "conversion pieces of %s bytes)\n\n", piece ? piece : "64 Mi");
   std::printf("| B | Hkv | tokens | search | fp16 ms | bf16 ms | fp32 ms | fp16 GB/s in | bf16 GB/s in | fp32 GB/s in "
               "| bf16 / fp16 | fp32 / fp16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [B, Hkv, P] : {std::tuple<int, int, std::int64_t>{1, 32, 16384}, {8, 8, 8192}, {1, 8, 1000}}) {
@@ -677,6 +672,25 @@ void dtypes_table() {
       std::fflush(stdout);
     }
   }
+}
+
+// The device calls in each element type: --dtypes. A decode step (per layer of a graph of L layers,
+// as decode_table's graph column) with queries and output in fp32, fp16 and bf16, the three
+// alternating over 3 rounds; then append_device of a prefill into an empty cache from fp16, bf16 and
+// fp32 rows on the device (bf16 and fp32 rounded to fp16 on the device: the tail's rows straight
+// into it, whole windows through scratch pieces), the flush's clip search on and off, the three
+// alternating; medians. K2V2 g128, Hq = 32, D = 128. --dtypes-prefill: the prefill table alone.
+void dtypes_table(bool decode) {
+  const Setting& st = kSettings[0];
+  const DType types[3] = {DType::f32, DType::f16, DType::bf16};
+  const float scale = 0.088f;
+  std::printf("\n## Device calls in each element type: %s, Hq = 32, D = 128\n\n", st.name);
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  if (decode) dtypes_decode(st, types, scale, median);
+  dtypes_prefill(st, types, median);
 }
 
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
@@ -967,8 +981,8 @@ int main(int argc, char** argv) {
     host_table();
     return 0;
   }
-  if (argc == 2 && std::strcmp(argv[1], "--dtypes") == 0) {
-    dtypes_table();
+  if (argc == 2 && (std::strcmp(argv[1], "--dtypes") == 0 || std::strcmp(argv[1], "--dtypes-prefill") == 0)) {
+    dtypes_table(std::strcmp(argv[1], "--dtypes") == 0);
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {
