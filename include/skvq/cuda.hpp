@@ -133,8 +133,7 @@ class DeviceCache {
   // an error naming it, before anything is enqueued.
   void attend_device(const void* q, DType q_type, std::int64_t num_q_heads, std::int64_t sq, float scale, void* out,
                      DType out_type, int num_splits = 0, Stream stream = nullptr) const;
-  // Same with host tensors (any dtype/strides: fp16 and bf16 queries move as they are, others as
-  // fp32); returns [B, Hq, Sq, Dv] fp32.
+  // Same with host tensors (any dtype/strides); returns [B, Hq, Sq, Dv] fp32.
   // Through the same staging buffers as append() (a set grown past 8 MiB for
   // a long query is freed after the call); on the legacy default stream, and
   // waits for the result.
