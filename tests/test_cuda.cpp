@@ -1256,10 +1256,9 @@ double max_abs(const Tensor& t) {
 // host append() of the same rows gives (which the other tests hold to the CPU cache); attend_device
 // with fp16 or bf16 queries gives what fp32 queries holding the same values give, and fp16 or bf16
 // output is the fp32 output rounded (within the summation-order slack of balanced claiming, 1e-6 of
-// the output's size). Pointers
-// not aligned to their element (or, for q, to 16 bytes) and appends past the capacity are refused,
-// naming the argument, with the cache left as it was. Tuned kernels (D = 128, decode and prefill,
-// grouped-query) and the general path (D = 64).
+// the output's size). Pointers not aligned to their element (or, for q, to 16 bytes) and appends
+// past the capacity are refused, naming the argument, with the cache left as it was. Tuned kernels
+// (D = 128, decode and prefill, grouped-query) and the general path (D = 64).
 TEST(Cuda, DeviceCallsTakeFp16Bf16AndFp32) {
   REQUIRE_GPU();
   struct DtypeCase {
