@@ -110,7 +110,7 @@ class DeviceCache {
   // attend() wait for it).
   void append(const TensorView& keys, const TensorView& values);
 
-  // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous) over the
+  // Attention of queries [B, Hq, Sq, D] (fp32, device, contiguous, 16-byte aligned) over the
   // cache; query row i sits at position offset - Sq + i (causal). Writes
   // out [B, Hq, Sq, Dv] fp32 (device). num_splits 0: chosen to fill the GPU.
   // Enqueued on `stream` (two kernels, no host wait). Each stream has its own
