@@ -72,6 +72,12 @@ void random_half(__half* p, std::size_t n, std::uint32_t seed) {
   CHECK(cudaGetLastError());
 }
 
+// The median of v.
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 // Median time in ms of fn over reps (after warm-up), with events recorded on
 // `stream` (fn's stream); setup (when given) runs before each call, warm-up
 // included, outside the events.
@@ -99,8 +105,7 @@ double time_ms(int reps, const std::function<void()>& fn, const std::function<vo
   }
   CHECK(cudaEventDestroy(a));
   CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
 }
 
 // A decode step of a model as it is replayed in production: `layers` calls,
@@ -497,10 +502,6 @@ void host_table() {
     fn();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count();
   };
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const auto host_tensor = [](DType t, Shape4 shape, unsigned seed) {
     Tensor x(t, shape);  // (uniform in [-1, 1), every 37th channel 8x: as fill_random)
     std::uint64_t r = 0x9e3779b97f4a7c15ull * (seed + 1);
@@ -608,8 +609,7 @@ struct TypedBuffers {
 };
 
 // --dtypes' decode table: a step with queries and output in each type.
-template <typename Median>
-void dtypes_decode(const Setting& st, const DType (&types)[3], float scale, const Median& median) {
+void dtypes_decode(const Setting& st, const DType (&types)[3], float scale) {
   std::printf("Decode step, queries and output of the type (graph, per layer; median of 3 rounds)\n\n");
   std::printf("| B | Hkv | kv_len | L | fp32 ms | fp16 ms | bf16 ms | fp16 / fp32 | bf16 / fp32 |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {1, 32, 32768}, {8, 8, 131072},
@@ -645,8 +645,7 @@ void dtypes_decode(const Setting& st, const DType (&types)[3], float scale, cons
 }
 
 // --dtypes' prefill table: append_device from rows in each type.
-template <typename Median>
-void dtypes_prefill(const Setting& st, const DType (&types)[3], const Median& median) {
+void dtypes_prefill(const Setting& st, const DType (&types)[3]) {
   const char* piece = std::getenv("SKVQ_CUDA_CONVERT_BYTES");
   std::printf("\nPrefill: append_device of all the tokens into an empty cache (median of 5 each, alternating; "
               "conversion pieces of %s bytes)\n\n", piece ? piece : "64 Mi");
@@ -685,12 +684,8 @@ void dtypes_table(bool decode) {
   const DType types[3] = {DType::f32, DType::f16, DType::bf16};
   const float scale = 0.088f;
   std::printf("\n## Device calls in each element type: %s, Hq = 32, D = 128\n\n", st.name);
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
-  if (decode) dtypes_decode(st, types, scale, median);
-  dtypes_prefill(st, types, median);
+  if (decode) dtypes_decode(st, types, scale);
+  dtypes_prefill(st, types);
 }
 
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer

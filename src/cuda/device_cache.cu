@@ -144,6 +144,13 @@ struct DeviceCacheImpl {
     }
     q_end += static_cast<std::int64_t>(n_chunks) * cfg.window;
   }
+  // S more tokens against the capacity.
+  void check_capacity(std::int64_t S) const {
+    if (offset + S > capacity) {
+      throw Error("skvq: context " + std::to_string(offset + S) + " exceeds the device cache capacity=" +
+                  std::to_string(capacity));
+    }
+  }
   // An attention call's query heads and rows against the cache.
   void check_attend(std::int64_t num_q_heads, std::int64_t sq) const {
     if (offset == 0) throw Error("skvq: cuda attend on an empty cache");
@@ -527,13 +534,13 @@ static_assert(static_cast<int>(DType::f16) == kTypeF16 && static_cast<int>(DType
 
 // A device pointer the caller passed, against the alignment its kernels need (a misaligned one
 // would fault on the device and leave the CUDA context unusable).
-void check_aligned(const std::string& what, const char* name, const void* p, std::size_t align, DType t) {
+void check_aligned(const char* what, const char* name, const void* p, std::size_t align, DType t) {
   const auto at = reinterpret_cast<std::uintptr_t>(p);
   if (at % align == 0) return;
   char hex[32];
   std::snprintf(hex, sizeof hex, "0x%llx", static_cast<unsigned long long>(at));
-  throw Error(what + name + "=" + hex + " (" + std::string(dtype_name(t)) + ") must be aligned to " + std::to_string(align) +
-              " bytes");
+  throw Error(std::string(what) + name + "=" + hex + " (" + std::string(dtype_name(t)) + ") must be aligned to " +
+              std::to_string(align) + " bytes");
 }
 
 // The fp16 bytes of keys and values a piece of converted whole windows may take (SKVQ_CUDA_CONVERT_BYTES
@@ -566,14 +573,11 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
 
 void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, DType dtype, Stream stream) {
   DeviceCacheImpl& d = impl();
-  const std::string what = "skvq: cuda::DeviceCache::append_device: ";
-  if (S < 1) throw Error(what + "S=" + std::to_string(S) + " must be >= 1");
+  const char* what = "skvq: cuda::DeviceCache::append_device: ";
+  if (S < 1) throw Error(std::string(what) + "S=" + std::to_string(S) + " must be >= 1");
   check_aligned(what, "keys", keys, dtype_size(dtype), dtype);
   check_aligned(what, "values", values, dtype_size(dtype), dtype);
-  if (d.offset + S > d.capacity) {
-    throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
-                std::to_string(d.capacity));
-  }
+  d.check_capacity(S);
   const std::int64_t r = d.cfg.window, BH = d.B * d.H;
   const bool half = dtype == DType::f16;
   // bf16 and fp32 whole windows go through fp16 scratch in pieces of `piece` tokens (whole windows)
@@ -758,10 +762,7 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
   // the CPU cache's checks; the device cache holds fp16, so at most fp16's range whatever the metadata
   detail::check_kv_pair(keys, values);
   const std::int64_t S = keys.shape[2];
-  if (d.offset + S > d.capacity) {  // (before any piece is appended)
-    throw Error("skvq: context " + std::to_string(d.offset + S) + " exceeds the device cache capacity=" +
-                std::to_string(d.capacity));
-  }
+  d.check_capacity(S);  // (before any piece is appended)
   std::string why;
   const float limit = device_value_limit(d.cfg.metadata, &why);
   const int threads = detail::ThreadPool::global().size();
@@ -795,7 +796,7 @@ void DeviceCache::attend_device(const void* q, DType q_type, std::int64_t num_q_
                                 DType out_type, int num_splits, Stream stream) const {
   const DeviceCacheImpl& d = impl();
   d.check_attend(num_q_heads, sq);
-  const std::string what = "skvq: cuda::DeviceCache::attend_device: ";
+  const char* what = "skvq: cuda::DeviceCache::attend_device: ";
   check_aligned(what, "q", q, 16, q_type);
   check_aligned(what, "out", out, dtype_size(out_type), out_type);
   AttnParams p;
@@ -833,16 +834,13 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   d.check_attend(Hq, Sq);
   if (queries.data == nullptr) throw Error("skvq: cuda attend: queries have no data");
   Tensor out(DType::f32, {d.B, Hq, Sq, d.v.D});
-  // (as fp32: 16-bit queries could move as they are, through attend_device's widening, once that has
-  // run on a GPU; it has not yet, session 47)
-  const DType qt = DType::f32;
-  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * dtype_size(qt);
+  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * 4;
   const std::size_t at = (qbytes + 255) / 256 * 256;  // the output's place in the device buffer
   StagingLease st(at + out.nbytes());
-  rows_into(queries, 0, Sq, qt, st->host_buffer(0));
+  rows_into(queries, 0, Sq, DType::f32, st->host_buffer(0));
   st->upload(0, 0, qbytes);
-  unsigned char* dout = st->dev + at;
-  attend_device(st->dev, qt, Hq, Sq, scale, dout, DType::f32);
+  auto* dout = reinterpret_cast<float*>(st->dev + at);
+  attend_device(reinterpret_cast<const float*>(st->dev), Hq, Sq, scale, dout);
   unsigned char* h = st->host_buffer(1);
   SKVQ_CUDA_CHECK(cudaMemcpyAsync(h, dout, out.nbytes(), cudaMemcpyDeviceToHost, cudaStreamLegacy));
   SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
