@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -231,62 +233,20 @@ TEST(Model, GgufConversionGivesIdenticalLogits) {
   }
 }
 
-// llama2.c "ak42" exports, written here the way export.py writes them.
-std::string export_llama2c(const Model& m, int version, int group) {
-  std::string b;
-  auto put = [&](const void* p, std::size_t n) { b.append(static_cast<const char*>(p), n); };
-  const std::uint32_t magic = 0x616b3432;
-  put(&magic, 4);
-  put(&version, 4);
-  const auto& c = m.cfg;
-  const std::int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len};
-  put(h, sizeof h);
-  const std::uint8_t shared = c.shared_classifier;
-  put(&shared, 1);
-  if (version == 2) put(&group, 4);
-  b.resize(256, '\0');
-  auto f32 = [&](const std::vector<float>& v) { put(v.data(), v.size() * 4); };
-  auto q80 = [&](const std::vector<float>& v) {
-    std::vector<std::int8_t> q(v.size());
-    std::vector<float> s(v.size() / static_cast<std::size_t>(group));
-    for (std::size_t gi = 0; gi < s.size(); ++gi) {
-      float mx = 0;
-      for (int k = 0; k < group; ++k) mx = std::max(mx, std::fabs(v[gi * static_cast<std::size_t>(group) + static_cast<std::size_t>(k)]));
-      s[gi] = mx / 127.0f;
-      for (int k = 0; k < group; ++k) {
-        const std::size_t i = gi * static_cast<std::size_t>(group) + static_cast<std::size_t>(k);
-        q[i] = static_cast<std::int8_t>(s[gi] > 0 ? std::nearbyint(v[i] / s[gi]) : 0);
-      }
-    }
-    put(q.data(), q.size());
-    put(s.data(), s.size() * 4);
-  };
-  for (const auto& l : m.layers) f32(l.attn_norm);
-  for (const auto& l : m.layers) f32(l.ffn_norm);
-  f32(m.final_norm);
-  auto w = [&](const std::vector<float>& v) { version == 1 ? f32(v) : q80(v); };
-  w(m.tok_embeddings);
-  for (auto f : {&model::LayerWeights::wq, &model::LayerWeights::wk, &model::LayerWeights::wv, &model::LayerWeights::wo,
-                 &model::LayerWeights::w1, &model::LayerWeights::w2, &model::LayerWeights::w3}) {
-    for (const auto& l : m.layers) w(l.*f);
-  }
-  return b;
-}
-
 TEST(Model, Llama2cVersionedExportsLoad) {
   REQUIRE_DATA();
   const Model& m = baby().m;
   const std::string path = tmp("v.bin");
-  for (int version : {1, 2}) {
+  for (int version : {0, 1, 2}) {
     {
       std::ofstream f(path, std::ios::binary);
-      const std::string b = export_llama2c(m, version, 32);
+      const std::string b = model::llama2c_bytes(m, version, 32);
       f.write(b.data(), static_cast<std::streamsize>(b.size()));
     }
     const Model m2 = model::load_llama2c(path);
     EXPECT_EQ(m2.cfg.dim, m.cfg.dim);
     EXPECT_EQ(m2.final_norm, m.final_norm);
-    if (version == 1) {
+    if (version < 2) {
       EXPECT_EQ(m2.layers[3].w2, m.layers[3].w2);
       EXPECT_EQ(m2.tok_embeddings, m.tok_embeddings);
     } else {  // int8 groups: within half a step of the original
@@ -297,6 +257,124 @@ TEST(Model, Llama2cVersionedExportsLoad) {
     EXPECT_THROW(model::load_llama2c(path), Error);
   }
   fs::remove(path);
+}
+
+// A model of its own classifier (not the embedding) survives every format:
+// llama2.c versions 0-2 and GGUF, the classifier in the right place.
+TEST(Model, SeparateClassifierInEveryFormat) {
+  model::ModelConfig c;
+  c.dim = 16, c.hidden_dim = 24, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 7, c.seq_len = 8;
+  c.shared_classifier = false;
+  const Model m = model::random_model(c, 5);
+  ASSERT_EQ(m.wcls.size(), 7u * 16u);
+  for (int version : {0, 1, 2}) {
+    const Model m2 = model::parse_llama2c(model::llama2c_bytes(m, version, 8), "v" + std::to_string(version));
+    EXPECT_FALSE(m2.cfg.shared_classifier) << version;
+    EXPECT_EQ(m2.cfg.n_kv_heads, 2) << version;
+    ASSERT_EQ(m2.wcls.size(), m.wcls.size()) << version;
+    for (std::size_t i = 0; i < m.wcls.size(); ++i) {  // int8 groups of 8: within half a step of the group's largest
+      ASSERT_NEAR(m2.wcls[i], m.wcls[i], version < 2 ? 0.0 : 0.5 * 4.0 / 127) << version << " " << i;
+    }
+    EXPECT_EQ(m2.layers[1].ffn_norm, m.layers[1].ffn_norm) << version;
+  }
+  std::vector<std::string> pieces;
+  for (int i = 0; i < 7; ++i) pieces.push_back(std::string(1, static_cast<char>('a' + i)));
+  const Tokenizer tok(pieces, std::vector<float>(7, 0.0f));
+  const std::string path = tmp("sep.gguf");
+  model::write_gguf(m, tok, path, "f32");
+  Tokenizer t2;
+  const Model m3 = model::load_gguf(path, &t2);
+  fs::remove(path);
+  EXPECT_FALSE(m3.cfg.shared_classifier);
+  EXPECT_EQ(m3.wcls, m.wcls);
+  EXPECT_EQ(t2.pieces(), pieces);
+}
+
+// Files the fuzzers were written for: each is a clear error (before, some
+// were read out of bounds or narrowed out of range), and a failed GGUF load
+// leaves the caller's tokenizer as it was.
+TEST(Model, CraftedFilesAreClearErrors) {
+  model::ModelConfig c;
+  c.dim = 8, c.hidden_dim = 16, c.n_layers = 1, c.n_heads = 2, c.n_kv_heads = 2, c.vocab_size = 5, c.seq_len = 4;
+  const Model m = model::random_model(c, 1);
+  // version 2 whose group (3) divides no tensor's size but whose file has the
+  // size that the header implies: the embedding's scales were read past their end
+  {
+    std::string b = model::llama2c_bytes(m, 1);
+    b.resize(256, '\0');
+    b[4] = 2;  // version 2
+    const std::int32_t group = 3;
+    std::memcpy(b.data() + 37, &group, 4);
+    const std::size_t n_matrix = 5 * 8 + (2 * 64 + 2 * 64 + 3 * 128), n_norm = 2 * 8 + 8;
+    b.resize(256 + 4 * n_norm + n_matrix + 4 * (n_matrix / 3), '\0');
+    expect_error([&] { model::parse_llama2c(b, "g3.bin"); }, {"g3.bin", "not a multiple of group_size=3"});
+  }
+  // legacy header with vocab_size = INT32_MIN (no positive counterpart)
+  {
+    std::string b = model::llama2c_bytes(m, 0);
+    const std::int32_t v = std::numeric_limits<std::int32_t>::min();
+    std::memcpy(b.data() + 20, &v, 4);
+    expect_error([&] { model::parse_llama2c(b, "vmin.bin"); }, {"vocab_size=-2147483648"});
+  }
+  // a non-finite embedding (only the layers' weights were checked)
+  {
+    Model bad = m;
+    bad.tok_embeddings[3] = std::numeric_limits<float>::infinity();
+    expect_error([&] { model::parse_llama2c(model::llama2c_bytes(bad, 1), "inf.bin"); }, {"non-finite"});
+  }
+  // GGUF metadata out of the range it is narrowed to
+  std::vector<std::string> pieces{"a", "b", "c", "d", "e"};
+  const Tokenizer tok(pieces, std::vector<float>(5, 0.0f));
+  const std::string path = tmp("crafted.gguf");
+  model::write_gguf(m, tok, path, "f32");
+  std::ifstream g(path, std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  fs::remove(path);
+  {
+    Tokenizer t;
+    EXPECT_EQ(model::parse_gguf(good, "good.gguf", &t).cfg.dim, 8);
+    EXPECT_EQ(t.size(), 5);
+  }
+  // key `name` of type u32 (its value's 4 bytes follow the type) rewritten as
+  // f32 `value`
+  auto retyped = [&](const std::string& name, float value) {
+    std::string b = good;
+    const std::size_t at = b.find(name);
+    EXPECT_NE(at, std::string::npos) << name;
+    const std::uint32_t f32_type = 6;
+    std::memcpy(b.data() + at + name.size(), &f32_type, 4);
+    std::memcpy(b.data() + at + name.size() + 4, &value, 4);
+    return b;
+  };
+  const Tokenizer before({"x", "y", "z"}, {0.0f, 0.0f, 0.0f});
+  for (const auto& [key, value, needle] : std::vector<std::tuple<std::string, float, std::string>>{
+           {"llama.embedding_length", 1e20f, "llama.embedding_length=1e+20 is not an integer"},
+           {"llama.block_count", std::nanf(""), "llama.block_count=nan is not an integer"},
+           {"llama.context_length", 2.5f, "llama.context_length=2.5 is not an integer"},
+           {"general.alignment", -64.0f, "general.alignment=-64 is not in [1, 4096]"},
+           {"tokenizer.ggml.bos_token_id", 3e9f, "tokenizer.ggml.bos_token_id=3e+09 is not an integer"}}) {
+    Tokenizer t = before;
+    expect_error([&] { model::parse_gguf(retyped(key, value), "bad.gguf", &t); }, {"bad.gguf", needle.c_str()});
+    EXPECT_EQ(t.pieces(), before.pieces()) << key;
+  }
+  {  // rope base: an f32 already; infinity
+    std::string b = good;
+    const std::string name = "llama.rope.freq_base";
+    const float inf = std::numeric_limits<float>::infinity();
+    std::memcpy(b.data() + b.find(name) + name.size() + 4, &inf, 4);
+    Tokenizer t = before;
+    expect_error([&] { model::parse_gguf(b, "rope.gguf", &t); }, {"llama.rope.freq_base=inf is not a finite float"});
+    EXPECT_EQ(t.pieces(), before.pieces());
+  }
+  {  // a tensor that fails after the vocabulary has been read: the tokenizer is untouched
+    std::string b = good;
+    const std::size_t at = b.find("output_norm.weight");
+    ASSERT_NE(at, std::string::npos);
+    b[at] = 'X';
+    Tokenizer t = before;
+    expect_error([&] { model::parse_gguf(b, "t.gguf", &t); }, {"tensor output_norm.weight is missing"});
+    EXPECT_EQ(t.pieces(), before.pieces());
+  }
 }
 
 TEST(Model, Tokenizers) {

@@ -87,6 +87,36 @@ TEST(Npy, RoundTripAndErrors) {
   EXPECT_THROW(io::read_npy((d.path / "long.npy").string()), Error);
 }
 
+// Headers the fuzzer was written for: a shape whose element count overflows
+// (it wrapped to 0 bytes and was accepted with no data), one past int64, and
+// a shape that is not a tuple (it threw std::out_of_range, not skvq::Error).
+TEST(Npy, HostileShapesAreClearErrors) {
+  const float one = 1.0f;
+  auto with_shape = [&](const std::string& shape) {
+    std::string b = io::npy_bytes("<f4", {1}, &one, 4);
+    const std::size_t at = b.find("(1,)");
+    b.replace(at, 4, shape);
+    // keep the header length field true to the header
+    const std::size_t hlen = b.size() - 4 - 10;
+    b[8] = static_cast<char>(hlen & 0xff);
+    b[9] = static_cast<char>(hlen >> 8);
+    return b;
+  };
+  EXPECT_EQ(io::parse_npy(with_shape("(1,)"), "ok.npy").shape, (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(io::parse_npy(with_shape("(1, 1)"), "ok.npy").numel(), 1);
+  expect_error([&] { io::parse_npy(with_shape("(4294967296, 4294967296)"), "a.npy"); }, {"a.npy", "is too large"});
+  expect_error([&] { io::parse_npy(with_shape("(4611686018427387904, 4)"), "a.npy"); }, {"is too large"});
+  expect_error([&] { io::parse_npy(with_shape("(99999999999999999999,)"), "b.npy"); }, {"b.npy", "is malformed"});
+  expect_error([&] { io::parse_npy(with_shape("7"), "c.npy"); }, {"c.npy", "shape 7 is not a tuple"});
+  std::string empty_shape = with_shape("(1,)");
+  empty_shape.replace(empty_shape.find("'shape': (1,)"), 13, "'shape':}    ");
+  expect_error([&] { io::parse_npy(empty_shape, "e.npy"); }, {"e.npy", "is not a tuple"});
+  // a header length past the file's end
+  std::string long_hdr = with_shape("(1,)");
+  long_hdr[9] = '\x7f';
+  expect_error([&] { io::parse_npy(long_hdr, "h.npy"); }, {"h.npy", "truncated npy header"});
+}
+
 TEST(Cli, QuantizeWorkedExampleAndSplits) {
   TempDir d;
   Tensor k = randn({1, 2, 35, 64}, 21), v = randn({1, 2, 35, 64}, 22);

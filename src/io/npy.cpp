@@ -1,6 +1,7 @@
 // .npy reader and writer.
 #include "io/npy.hpp"
 
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -50,7 +51,11 @@ std::string dict_value(const std::string& hdr, const std::string& key, const std
 NpyArray read_npy(const std::string& path) {
   std::ifstream f;
   if (const std::string why = open_input(f, path); !why.empty()) fail(path, why == "cannot open" ? "cannot open file" : why);
-  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_npy(bytes, path);
+}
+
+NpyArray parse_npy(std::string_view bytes, const std::string& path) {
   if (bytes.size() < 10 || bytes.compare(0, 6, "\x93NUMPY") != 0) fail(path, "not an .npy file (bad magic)");
   const int major = static_cast<unsigned char>(bytes[6]);
   std::size_t hlen = 0, hstart = 0;
@@ -64,8 +69,8 @@ NpyArray read_npy(const std::string& path) {
   } else {
     fail(path, "unsupported npy format version " + std::to_string(major));
   }
-  if (hstart + hlen > bytes.size()) fail(path, "truncated npy header");
-  const std::string hdr = bytes.substr(hstart, hlen);
+  if (hlen > bytes.size() - hstart) fail(path, "truncated npy header");
+  const std::string hdr(bytes.substr(hstart, hlen));
 
   NpyArray a;
   std::string descr = dict_value(hdr, "descr", path);
@@ -79,19 +84,25 @@ NpyArray read_npy(const std::string& path) {
   const std::string fortran = dict_value(hdr, "fortran_order", path);
   if (fortran.find("False") == std::string::npos) fail(path, "Fortran-order arrays are not supported (need C order)");
   const std::string shape = dict_value(hdr, "shape", path);
-  std::string inner = shape.substr(1, shape.size() - 2);
-  std::stringstream ss(inner);
+  if (shape.size() < 2 || shape.front() != '(' || shape.back() != ')') fail(path, "npy shape " + shape + " is not a tuple");
+  std::stringstream ss(shape.substr(1, shape.size() - 2));
   std::string item;
+  std::int64_t numel = 1;  // as NpyArray::numel() multiplies, checked for overflow
   while (std::getline(ss, item, ',')) {
     const auto b = item.find_first_not_of(" \t");
     if (b == std::string::npos) continue;
     const std::string num = item.substr(b, item.find_last_not_of(" \tL") - b + 1);
     char* end = nullptr;
+    errno = 0;
     const long long v = std::strtoll(num.c_str(), &end, 10);
-    if (num.empty() || *end != '\0' || v < 0) fail(path, "npy shape " + shape + " is malformed");
+    if (num.empty() || *end != '\0' || v < 0 || errno == ERANGE) fail(path, "npy shape " + shape + " is malformed");
+    if (__builtin_mul_overflow(numel, static_cast<std::int64_t>(v), &numel)) fail(path, "npy shape " + shape + " is too large");
     a.shape.push_back(v);
   }
-  const std::size_t need = static_cast<std::size_t>(a.numel()) * a.item_size();
+  std::size_t need = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(numel), a.item_size(), &need)) {
+    fail(path, "npy shape " + shape + " is too large");
+  }
   const std::size_t have = bytes.size() - hstart - hlen;
   if (have < need) {
     fail(path, "truncated data: shape " + shape + " needs " + std::to_string(need) + " bytes, file has " +
@@ -99,7 +110,7 @@ NpyArray read_npy(const std::string& path) {
   }
   if (have > need) fail(path, "has " + std::to_string(have - need) + " bytes after the array data");
   a.data.resize(need);
-  std::memcpy(a.data.data(), bytes.data() + hstart + hlen, need);
+  if (need > 0) std::memcpy(a.data.data(), bytes.data() + hstart + hlen, need);  // an empty vector's data() may be null
   return a;
 }
 

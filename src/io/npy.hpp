@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace skvq::io {
@@ -19,6 +20,8 @@ struct NpyArray {
 // Throws skvq::Error naming the path and what is wrong (missing file, bad
 // magic, unsupported dtype, Fortran order, truncated or oversized data).
 NpyArray read_npy(const std::string& path);
+// The same from the file's bytes (`path` names it in errors).
+NpyArray parse_npy(std::string_view bytes, const std::string& path);
 
 // Serialises an array (header padded to a multiple of 64 bytes, version 1.0).
 std::string npy_bytes(const std::string& descr, const std::vector<std::int64_t>& shape,

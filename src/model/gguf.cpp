@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
+#include <sstream>
+#include <string_view>
 #include <map>
 #include <variant>
 
@@ -71,7 +74,7 @@ struct Value {
 
 class In {
  public:
-  In(const std::vector<char>& b, std::string path) : b_(b), path_(std::move(path)) {}
+  In(std::string_view b, std::string path) : b_(b), path_(std::move(path)) {}
   template <typename T>
   T get() {
     need(sizeof(T));
@@ -130,12 +133,11 @@ class In {
   }
   [[noreturn]] void fail(const std::string& what) const { throw Error("skvq: gguf " + path_ + ": " + what); }
   void need(std::size_t n) const {
-    if (pos_ + n > b_.size()) fail("truncated at offset " + std::to_string(pos_));
+    if (n > b_.size() - pos_) fail("truncated at offset " + std::to_string(pos_));
   }
-  const std::vector<char>& bytes() const { return b_; }
 
  private:
-  const std::vector<char>& b_;
+  std::string_view b_;
   std::string path_;
   std::size_t pos_ = 0;
 };
@@ -237,9 +239,13 @@ void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, c
 Model load_gguf(const std::string& path, Tokenizer* tok) {
   std::ifstream f;
   if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: gguf " + path + ": " + why);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_gguf(bytes, path, tok);
+}
+
+Model parse_gguf(std::string_view bytes, const std::string& path, Tokenizer* tok) {
   In in(bytes, path);
-  if (bytes.size() < 24 || std::memcmp(bytes.data(), "GGUF", 4) != 0) in.fail("not a GGUF file (bad magic)");
+  if (bytes.size() < 24 || bytes.compare(0, 4, "GGUF") != 0) in.fail("not a GGUF file (bad magic)");
   in.seek(4);
   const auto version = in.get<std::uint32_t>();
   if (version < 2 || version > 3) in.fail("GGUF version " + std::to_string(version) + " is not supported (2, 3)");
@@ -266,24 +272,45 @@ Model load_gguf(const std::string& path, Tokenizer* tok) {
       else return static_cast<double>(x);
     }, it->second.scalar);
   };
+  // Numbers read as doubles, checked before they are narrowed (a cast out of
+  // range is undefined): ints must be whole and in int range, floats finite
+  // and in float range.
+  auto as_text = [](double x) {
+    std::ostringstream o;
+    o << x;
+    return o.str();
+  };
+  auto integer = [&](const std::string& k, bool required, int dflt) -> int {
+    const double x = num(k, required, dflt);
+    if (!(x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max()) || x != std::trunc(x)) {
+      in.fail("metadata key " + k + "=" + as_text(x) + " is not an integer in int range");
+    }
+    return static_cast<int>(x);
+  };
+  auto single = [&](const std::string& what, double x) -> float {
+    if (!(std::fabs(x) <= std::numeric_limits<float>::max())) in.fail(what + "=" + as_text(x) + " is not a finite float");
+    return static_cast<float>(x);
+  };
   const auto arch = kv.find("general.architecture");
   if (arch == kv.end() || arch->second.type != kStr || std::get<std::string>(arch->second.scalar) != "llama") {
     in.fail("general.architecture must be \"llama\"");
   }
   Model m;
   ModelConfig& c = m.cfg;
-  c.dim = static_cast<int>(num("llama.embedding_length", true, 0));
-  c.hidden_dim = static_cast<int>(num("llama.feed_forward_length", true, 0));
-  c.n_layers = static_cast<int>(num("llama.block_count", true, 0));
-  c.n_heads = static_cast<int>(num("llama.attention.head_count", true, 0));
-  c.n_kv_heads = static_cast<int>(num("llama.attention.head_count_kv", false, c.n_heads));
-  c.seq_len = static_cast<int>(num("llama.context_length", true, 0));
-  c.rope_theta = static_cast<float>(num("llama.rope.freq_base", false, 10000.0));
-  c.norm_eps = static_cast<float>(num("llama.attention.layer_norm_rms_epsilon", false, 1e-5));
+  c.dim = integer("llama.embedding_length", true, 0);
+  c.hidden_dim = integer("llama.feed_forward_length", true, 0);
+  c.n_layers = integer("llama.block_count", true, 0);
+  c.n_heads = integer("llama.attention.head_count", true, 0);
+  c.n_kv_heads = integer("llama.attention.head_count_kv", false, c.n_heads);
+  c.seq_len = integer("llama.context_length", true, 0);
+  c.rope_theta = single("metadata key llama.rope.freq_base", num("llama.rope.freq_base", false, 10000.0));
+  c.norm_eps = single("metadata key llama.attention.layer_norm_rms_epsilon",
+                      num("llama.attention.layer_norm_rms_epsilon", false, 1e-5));
   const auto toks = kv.find("tokenizer.ggml.tokens");
   if (toks == kv.end() || toks->second.elem_type != kStr) in.fail("tokenizer.ggml.tokens is missing");
   c.vocab_size = static_cast<int>(toks->second.strs.size());
   validate_config(c, path);
+  Tokenizer vocab;  // into *tok once everything has loaded
   {
     std::vector<std::string> pieces;
     for (const auto& s : toks->second.strs) pieces.push_back(from_spm(s));
@@ -291,15 +318,18 @@ Model load_gguf(const std::string& path, Tokenizer* tok) {
     const auto sc = kv.find("tokenizer.ggml.scores");
     if (sc != kv.end()) {
       if (sc->second.nums.size() != pieces.size()) in.fail("tokenizer.ggml.scores has the wrong length");
-      for (std::size_t i = 0; i < pieces.size(); ++i) scores[i] = static_cast<float>(sc->second.nums[i]);
+      for (std::size_t i = 0; i < pieces.size(); ++i) {
+        scores[i] = single("tokenizer.ggml.scores[" + std::to_string(i) + "]", sc->second.nums[i]);
+      }
     }
-    const int bos = static_cast<int>(num("tokenizer.ggml.bos_token_id", false, 1));
-    const int eos = static_cast<int>(num("tokenizer.ggml.eos_token_id", false, 2));
+    const int bos = integer("tokenizer.ggml.bos_token_id", false, 1);
+    const int eos = integer("tokenizer.ggml.eos_token_id", false, 2);
     if (bos < 0 || bos >= c.vocab_size || eos < 0 || eos >= c.vocab_size) in.fail("bos/eos token id out of range");
-    *tok = Tokenizer(std::move(pieces), std::move(scores), bos, eos);
+    vocab = Tokenizer(std::move(pieces), std::move(scores), bos, eos);
   }
-  const auto align = static_cast<std::uint64_t>(num("general.alignment", false, 32));
-  if (align == 0 || align > 4096) in.fail("general.alignment is invalid");
+  const int align_key = integer("general.alignment", false, 32);
+  if (align_key < 1 || align_key > 4096) in.fail("general.alignment=" + std::to_string(align_key) + " is not in [1, 4096]");
+  const auto align = static_cast<std::size_t>(align_key);
   std::map<std::string, TensorInfo> infos;
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     const std::string name = in.str();
@@ -361,6 +391,7 @@ Model load_gguf(const std::string& path, Tokenizer* tok) {
   m.final_norm = load("output_norm.weight", {dim}, true);
   m.wcls = load("output.weight", {dim, V}, false);
   c.shared_classifier = m.wcls.empty();
+  *tok = std::move(vocab);
   return m;
 }
 

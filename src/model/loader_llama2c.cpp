@@ -1,10 +1,13 @@
 // llama2.c checkpoints: legacy (version 0: 7-int32 header, negative
 // vocab_size = separate classifier, freq_cis tables after the final norm),
 // version 1 ("ak42", fp32) and version 2 ("ak42", int8 groups + fp32 scales).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
 
 #include "core/open_input.hpp"
 #include "model/model.hpp"
@@ -16,7 +19,7 @@ namespace {
 
 constexpr std::uint32_t kMagic = 0x616b3432;  // "ak42"
 
-std::vector<char> read_all(const std::string& path) {
+std::string read_all(const std::string& path) {
   std::ifstream f;
   if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: model " + path + ": " + why);
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
@@ -24,7 +27,7 @@ std::vector<char> read_all(const std::string& path) {
 
 class Cursor {
  public:
-  Cursor(const std::vector<char>& b, std::string path, std::size_t pos) : b_(b), path_(std::move(path)), pos_(pos) {}
+  Cursor(std::string_view b, std::string path, std::size_t pos) : b_(b), path_(std::move(path)), pos_(pos) {}
   std::vector<float> f32(std::size_t n, const char* what) {
     need(n * 4, what);
     std::vector<float> v(n);
@@ -33,6 +36,10 @@ class Cursor {
     return v;
   }
   std::vector<float> q80(std::size_t n, std::size_t group, const char* what) {  // int8 values, then fp32 scales
+    if (n % group != 0) {
+      throw Error("skvq: model " + path_ + ": " + what + " has " + std::to_string(n) + " values, not a multiple of group_size=" +
+                  std::to_string(group));
+    }
     need(n + n / group * 4, what);
     std::vector<float> v(n);
     const auto* q = reinterpret_cast<const std::int8_t*>(b_.data() + pos_);
@@ -50,19 +57,22 @@ class Cursor {
 
  private:
   void need(std::size_t n, const char* what) {
-    if (pos_ + n > b_.size()) {
+    if (n > b_.size() - pos_) {
       throw Error("skvq: model " + path_ + ": truncated: " + what + " needs " + std::to_string(n) + " bytes at offset " +
                   std::to_string(pos_) + ", file has " + std::to_string(b_.size()));
     }
   }
-  const std::vector<char>& b_;
+  std::string_view b_;
   std::string path_;
   std::size_t pos_;
 };
 
-void read_header(const std::vector<char>& b, std::size_t off, ModelConfig* c, int* raw_vocab) {
+void read_header(std::string_view b, std::size_t off, const std::string& path, ModelConfig* c, int* raw_vocab) {
   std::int32_t h[7];
   std::memcpy(h, b.data() + off, sizeof h);
+  if (h[5] == std::numeric_limits<std::int32_t>::min()) {  // no positive counterpart
+    throw Error("skvq: model " + path + ": vocab_size=" + std::to_string(h[5]) + " is invalid");
+  }
   c->dim = h[0];
   c->hidden_dim = h[1];
   c->n_layers = h[2];
@@ -91,8 +101,9 @@ void validate_config(const ModelConfig& c, const std::string& path) {
   if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) throw Error("skvq: model " + path + ": norm_eps must be positive");
 }
 
-Model load_llama2c(const std::string& path) {
-  const std::vector<char> b = read_all(path);
+Model load_llama2c(const std::string& path) { return parse_llama2c(read_all(path), path); }
+
+Model parse_llama2c(std::string_view b, const std::string& path) {
   if (b.size() < 28) throw Error("skvq: model " + path + ": truncated header (" + std::to_string(b.size()) + " bytes)");
   Model m;
   ModelConfig& c = m.cfg;
@@ -108,7 +119,7 @@ Model load_llama2c(const std::string& path) {
     if (version != 1 && version != 2) {
       throw Error("skvq: model " + path + ": llama2.c export version " + std::to_string(version) + " is not supported (0, 1, 2)");
     }
-    read_header(b, 8, &c, &raw_vocab);
+    read_header(b, 8, path, &c, &raw_vocab);
     c.shared_classifier = b[36] != 0;
     if (version == 2) {
       std::memcpy(&group, b.data() + 37, 4);
@@ -116,7 +127,7 @@ Model load_llama2c(const std::string& path) {
     }
     off = 256;
   } else {
-    read_header(b, 0, &c, &raw_vocab);
+    read_header(b, 0, path, &c, &raw_vocab);
     c.shared_classifier = raw_vocab > 0;
     off = 28;
   }
@@ -139,9 +150,6 @@ Model load_llama2c(const std::string& path) {
   Cursor cur(b, path, off);
   auto per_layer = [&](std::vector<float> LayerWeights::*field, std::size_t n, const char* what, bool quant) {
     for (auto& l : m.layers) {
-      if (quant && n % static_cast<std::size_t>(group) != 0) {
-        throw Error("skvq: model " + path + ": " + what + " size is not a multiple of group_size");
-      }
       l.*field = quant ? cur.q80(n, static_cast<std::size_t>(group), what) : cur.f32(n, what);
     }
   };
@@ -174,14 +182,111 @@ Model load_llama2c(const std::string& path) {
     per_layer(&LayerWeights::w3, hid * dim, "w3", q);
     if (!c.shared_classifier) m.wcls = q ? cur.q80(V * dim, static_cast<std::size_t>(group), "classifier") : cur.f32(V * dim, "classifier");
   }
-  for (const auto& l : m.layers) {
-    for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3, &l.attn_norm, &l.ffn_norm}) {
-      for (float x : *w) {
-        if (!std::isfinite(x)) throw Error("skvq: model " + path + ": weights hold a non-finite value");
-      }
+  auto finite = [&](const std::vector<float>& w) {
+    for (float x : w) {
+      if (!std::isfinite(x)) throw Error("skvq: model " + path + ": weights hold a non-finite value");
     }
+  };
+  finite(m.tok_embeddings);
+  finite(m.final_norm);
+  finite(m.wcls);
+  for (const auto& l : m.layers) {
+    for (const auto* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w1, &l.w2, &l.w3, &l.attn_norm, &l.ffn_norm}) finite(*w);
   }
   return m;
+}
+
+Model random_model(const ModelConfig& c, std::uint32_t seed) {
+  validate_config(c, "random_model");
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  const auto dim = static_cast<std::size_t>(c.dim), hid = static_cast<std::size_t>(c.hidden_dim);
+  const auto kv = static_cast<std::size_t>(c.kv_dim()), V = static_cast<std::size_t>(c.vocab_size);
+  auto fill = [&](std::size_t n, float s) {
+    std::vector<float> v(n);
+    for (float& x : v) x = s * nd(rng);
+    return v;
+  };
+  auto ones = [&](std::size_t n) { return std::vector<float>(n, 1.0f); };
+  const float sd = 1.0f / std::sqrt(static_cast<float>(dim)), sh = 1.0f / std::sqrt(static_cast<float>(hid));
+  Model m;
+  m.cfg = c;
+  m.tok_embeddings = fill(V * dim, 1.0f);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LayerWeights l;
+    l.attn_norm = ones(dim);
+    l.wq = fill(dim * dim, sd);
+    l.wk = fill(kv * dim, sd);
+    l.wv = fill(kv * dim, sd);
+    l.wo = fill(dim * dim, sd);
+    l.ffn_norm = ones(dim);
+    l.w1 = fill(hid * dim, sd);
+    l.w2 = fill(dim * hid, sh);
+    l.w3 = fill(hid * dim, sd);
+    m.layers.push_back(std::move(l));
+  }
+  m.final_norm = ones(dim);
+  if (!c.shared_classifier) m.wcls = fill(V * dim, sd);
+  return m;
+}
+
+std::string llama2c_bytes(const Model& m, int version, int group) {
+  if (version < 0 || version > 2) throw Error("skvq: llama2c_bytes: version=" + std::to_string(version) + " must be 0, 1 or 2");
+  if (version == 2 && (group < 1 || m.cfg.dim % group != 0)) {
+    throw Error("skvq: llama2c_bytes: group=" + std::to_string(group) + " must divide dim=" + std::to_string(m.cfg.dim));
+  }
+  const ModelConfig& c = m.cfg;
+  std::string b;
+  auto put = [&](const void* p, std::size_t n) { b.append(static_cast<const char*>(p), n); };
+  const std::int32_t h[7] = {c.dim,         c.hidden_dim, c.n_layers, c.n_heads,
+                             c.n_kv_heads, c.shared_classifier || version > 0 ? c.vocab_size : -c.vocab_size, c.seq_len};
+  if (version > 0) {
+    put(&kMagic, 4);
+    put(&version, 4);
+    put(h, sizeof h);
+    const std::uint8_t shared = c.shared_classifier;
+    put(&shared, 1);
+    if (version == 2) put(&group, 4);
+    b.resize(256, '\0');
+  } else {
+    put(h, sizeof h);
+  }
+  auto f32 = [&](const std::vector<float>& v) { put(v.data(), v.size() * 4); };
+  auto q80 = [&](const std::vector<float>& v) {  // int8 groups against their largest magnitude, then the scales
+    const auto g = static_cast<std::size_t>(group);
+    std::vector<std::int8_t> q(v.size());
+    std::vector<float> s(v.size() / g);
+    for (std::size_t gi = 0; gi < s.size(); ++gi) {
+      float mx = 0;
+      for (std::size_t k = 0; k < g; ++k) mx = std::max(mx, std::fabs(v[gi * g + k]));
+      s[gi] = mx / 127.0f;
+      for (std::size_t k = 0; k < g; ++k) q[gi * g + k] = static_cast<std::int8_t>(s[gi] > 0 ? std::nearbyint(v[gi * g + k] / s[gi]) : 0);
+    }
+    put(q.data(), q.size());
+    put(s.data(), s.size() * 4);
+  };
+  auto w = [&](const std::vector<float>& v) { version == 2 ? q80(v) : f32(v); };
+  auto layers = [&](std::vector<float> LayerWeights::*f, bool matrix) {
+    for (const auto& l : m.layers) matrix ? w(l.*f) : f32(l.*f);
+  };
+  using LW = LayerWeights;
+  if (version == 0) {
+    f32(m.tok_embeddings);
+    layers(&LW::attn_norm, false);
+    for (auto f : {&LW::wq, &LW::wk, &LW::wv, &LW::wo}) layers(f, true);
+    layers(&LW::ffn_norm, false);
+    for (auto f : {&LW::w1, &LW::w2, &LW::w3}) layers(f, true);
+    f32(m.final_norm);
+    b.append(static_cast<std::size_t>(c.seq_len) * static_cast<std::size_t>(c.head_dim()) * 4, '\0');  // freq_cis (unused)
+  } else {
+    layers(&LW::attn_norm, false);
+    layers(&LW::ffn_norm, false);
+    f32(m.final_norm);
+    w(m.tok_embeddings);
+    for (auto f : {&LW::wq, &LW::wk, &LW::wv, &LW::wo, &LW::w1, &LW::w2, &LW::w3}) layers(f, true);
+  }
+  if (!c.shared_classifier) w(m.wcls);
+  return b;
 }
 
 Model load_model(const std::string& path, const std::string& tokenizer_path, Tokenizer* tok) {

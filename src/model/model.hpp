@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/tokenizer.hpp"
@@ -53,9 +54,22 @@ void validate_config(const ModelConfig& c, const std::string& path);
 
 // llama2.c checkpoint (legacy version 0, or "ak42" versions 1 and 2).
 Model load_llama2c(const std::string& path);
+// The same from the file's bytes (`path` names it in errors).
+Model parse_llama2c(std::string_view bytes, const std::string& path);
+// `m` as a llama2.c checkpoint's bytes, as export.py writes them: version 0
+// (legacy header, zero freq_cis tables), 1 (fp32) or 2 (int8 groups of
+// `group` values with fp32 scales; group must divide dim).
+std::string llama2c_bytes(const Model& m, int version, int group = 64);
+
+// A model of config `c` with random weights (normal, scaled by 1/sqrt of the
+// input width; norms 1), for tests and fuzzing seeds.
+Model random_model(const ModelConfig& c, std::uint32_t seed);
 
 // GGUF of the llama architecture; the embedded vocabulary goes to *tok.
 Model load_gguf(const std::string& path, Tokenizer* tok);
+// The same from the file's bytes (`path` names it in errors). *tok is set
+// only when the whole model has loaded.
+Model parse_gguf(std::string_view bytes, const std::string& path, Tokenizer* tok);
 
 // Chooses the loader by the file's magic. A llama2.c checkpoint needs a
 // tokenizer file (`tokenizer_path`, or tokenizer.bin / tok*.bin beside it);

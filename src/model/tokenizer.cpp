@@ -35,8 +35,20 @@ int Tokenizer::lookup(const std::string& s) const {
 Tokenizer Tokenizer::load_llama2c(const std::string& path, int vocab_size) {
   std::ifstream f;
   if (const std::string why = open_input(f, path); !why.empty()) throw Error("skvq: tokenizer " + path + ": " + why);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_llama2c(bytes, path, vocab_size);
+}
+
+Tokenizer Tokenizer::parse_llama2c(std::string_view bytes, const std::string& path, int vocab_size) {
+  std::size_t pos = 0;
+  auto read = [&](void* dst, std::size_t n) {
+    if (n > bytes.size() - pos) return false;
+    std::memcpy(dst, bytes.data() + pos, n);
+    pos += n;
+    return true;
+  };
   std::int32_t max_len = 0;
-  if (!f.read(reinterpret_cast<char*>(&max_len), 4) || max_len < 1 || max_len > 1 << 16) {
+  if (!read(&max_len, 4) || max_len < 1 || max_len > 1 << 16) {
     throw Error("skvq: tokenizer " + path + ": bad header (max_token_length)");
   }
   std::vector<std::string> pieces;
@@ -44,13 +56,13 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, int vocab_size) {
   for (int i = 0; i < vocab_size; ++i) {
     float score = 0;
     std::int32_t len = 0;
-    if (!f.read(reinterpret_cast<char*>(&score), 4) || !f.read(reinterpret_cast<char*>(&len), 4)) {
+    if (!read(&score, 4) || !read(&len, 4)) {
       throw Error("skvq: tokenizer " + path + ": truncated at token " + std::to_string(i) + " of " +
                   std::to_string(vocab_size));
     }
     if (len < 0 || len > max_len) throw Error("skvq: tokenizer " + path + ": token " + std::to_string(i) + " has length " + std::to_string(len));
     std::string s(static_cast<std::size_t>(len), '\0');
-    if (len && !f.read(s.data(), len)) throw Error("skvq: tokenizer " + path + ": truncated in token " + std::to_string(i));
+    if (!read(s.data(), s.size())) throw Error("skvq: tokenizer " + path + ": truncated in token " + std::to_string(i));
     pieces.push_back(std::move(s));
     scores.push_back(score);
   }
@@ -58,6 +70,7 @@ Tokenizer Tokenizer::load_llama2c(const std::string& path, int vocab_size) {
 }
 
 std::vector<int> Tokenizer::encode(const std::string& text, bool bos) const {
+  if (pieces_.empty()) throw Error("skvq: tokenizer: encode with an empty vocabulary");
   std::vector<int> toks;
   if (bos) toks.push_back(bos_);
   if (text.empty()) return toks;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -17,6 +18,8 @@ class Tokenizer {
   // llama2.c tokenizer file: int32 max_token_length, then per token float
   // score, int32 length, bytes. `vocab_size` from the model.
   static Tokenizer load_llama2c(const std::string& path, int vocab_size);
+  // The same from the file's bytes (`path` names it in errors).
+  static Tokenizer parse_llama2c(std::string_view bytes, const std::string& path, int vocab_size);
 
   // Text -> token ids (BOS first when `bos`). Sentencepiece-style
   // vocabularies get a leading space ("dummy prefix"); byte-level
@@ -37,7 +40,7 @@ class Tokenizer {
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int> index_;
-  int byte_piece_[256];
+  int byte_piece_[256] = {};
   bool add_space_prefix_ = true;
   int bos_ = 1, eos_ = 2;
 };
