@@ -167,6 +167,8 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
   Tensor v3 = randn({1, 2, 34, 64}, 25);
   write_tensor(d.path / "v3.npy", v3);
   write_file(d.path / "junk.npy", "junk");
+  const std::uint16_t none = 0;
+  write_file(d.path / "s0.npy", io::npy_bytes("<f2", {1, 2, 0, 64}, &none, 0));
   const std::string kv = " --keys " + (d.path / "k.npy").string() + " --values " + (d.path / "v.npy").string();
   const fs::path out = d.path / "out";
   const std::string o = " --out " + out.string();
@@ -181,6 +183,9 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"quantize" + kv + o + " --calls 10,10", "--calls 10,10"},
       {"quantize" + kv + o + " --calls 10,x,25", "'x'"},
       {"quantize" + kv + o + " --set max_ctx=20", "max_ctx=20"},
+      {"quantize" + kv + o + " --calls 9223372036854775807,9223372036854775807", "counts sum past the inputs' S=35"},
+      {"quantize --keys " + (d.path / "s0.npy").string() + " --values " + (d.path / "v.npy").string() + o,
+       "shape [1, 2, 0, 64] has an empty axis"},
       {"quantize --keys " + (d.path / "junk.npy").string() + " --values " + (d.path / "v.npy").string() + o, "--keys"},
       {"quantize --keys " + (d.path / "k.npy").string() + " --values " + (d.path / "v3.npy").string() + o, "--values"},
       {"quantize --keys " + (d.path / "nope.npy").string() + " --values " + (d.path / "v.npy").string() + o, "nope.npy"},

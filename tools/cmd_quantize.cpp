@@ -40,8 +40,8 @@ Input load_input(const std::string& flag, const std::string& path) {
     throw UsageError(flag + " " + path + ": must be 4-d [B, H, S, D], got " +
                      std::to_string(in.arr.shape.size()) + "-d");
   }
+  for (int i = 0; i < 4; ++i) in.shape[i] = in.arr.shape[static_cast<std::size_t>(i)];
   for (int i = 0; i < 4; ++i) {
-    in.shape[i] = in.arr.shape[i];
     if (in.shape[i] < 1) throw UsageError(flag + " " + path + ": shape " + shape_string(in.shape) + " has an empty axis");
   }
   return in;
@@ -61,7 +61,9 @@ std::vector<std::int64_t> parse_calls(const std::string& spec, std::int64_t S) {
       throw UsageError("--calls " + spec + ": '" + item + "' is not a positive token count");
     }
     out.push_back(v);
-    sum += v;
+    if (__builtin_add_overflow(sum, v, &sum)) {
+      throw UsageError("--calls " + spec + ": counts sum past the inputs' S=" + std::to_string(S) + " tokens");
+    }
   }
   if (out.empty() || sum != S || spec.back() == ',') {
     throw UsageError("--calls " + spec + ": counts sum to " + std::to_string(sum) +
