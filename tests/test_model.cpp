@@ -366,6 +366,14 @@ TEST(Model, CraftedFilesAreClearErrors) {
     expect_error([&] { model::parse_gguf(b, "rope.gguf", &t); }, {"llama.rope.freq_base=inf is not a finite float"});
     EXPECT_EQ(t.pieces(), before.pieces());
   }
+  {  // a finite negative base (found by fuzz_model: its message cast it to an integer, out of range)
+    std::string b = good;
+    const std::string name = "llama.rope.freq_base";
+    const float neg = -7.5e26f;
+    std::memcpy(b.data() + b.find(name) + name.size() + 4, &neg, 4);
+    Tokenizer t;
+    expect_error([&] { model::parse_gguf(b, "rope.gguf", &t); }, {"rope_theta=-7.5e+26 must be positive and finite"});
+  }
   {  // a tensor that fails after the vocabulary has been read: the tokenizer is untouched
     std::string b = good;
     const std::size_t at = b.find("output_norm.weight");

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
 
 #include "core/open_input.hpp"
 #include "model/model.hpp"
@@ -97,8 +98,13 @@ void validate_config(const ModelConfig& c, const std::string& path) {
   if (c.n_kv_heads < 1 || c.n_heads % c.n_kv_heads != 0) bad("n_kv_heads", c.n_kv_heads, "must divide n_heads=" + std::to_string(c.n_heads));
   if (c.vocab_size < 3 || c.vocab_size > (1 << 22)) bad("vocab_size", c.vocab_size, "must be in [3, 4194304]");
   if (c.seq_len < 1 || c.seq_len > (1 << 24)) bad("seq_len", c.seq_len, "must be in [1, 16777216]");
-  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) bad("rope_theta", static_cast<long long>(c.rope_theta), "must be positive");
-  if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) throw Error("skvq: model " + path + ": norm_eps must be positive");
+  auto bad_real = [&](const std::string& field, float v) {
+    std::ostringstream o;
+    o << v;
+    throw Error("skvq: model " + path + ": " + field + "=" + o.str() + " must be positive and finite");
+  };
+  if (!(c.rope_theta > 0) || !std::isfinite(c.rope_theta)) bad_real("rope_theta", c.rope_theta);
+  if (!(c.norm_eps > 0) || !std::isfinite(c.norm_eps)) bad_real("norm_eps", c.norm_eps);
 }
 
 Model load_llama2c(const std::string& path) { return parse_llama2c(read_all(path), path); }
