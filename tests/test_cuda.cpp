@@ -576,6 +576,36 @@ TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
   }
 }
 
+// Groups of signed zeros alone (found by fuzz_cache_ops on the CPU's SIMD
+// quantizer): the reference's min and max keep the first slot's zero, so lo
+// is -0 exactly when the group's first slot is; a min or max instruction may
+// pick either sign. Rows of +0 and -0, a few rows with nonzero slots.
+TEST(Cuda, FlushMatchesCpuOnSignedZeroGroups) {
+  REQUIRE_GPU();
+  for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
+    for (bool search : {true, false}) {
+      for (int group : {32, 128}) {
+        Config cfg = gpu_config(64, 3, group, 2, 4, meta, group == 32);
+        cfg.clip_search = search;
+        const std::int64_t S = 200;
+        Tensor k = randn({1, 2, S, 128}, 41, DType::f16, true), v = randn({1, 2, S, 128}, 42, DType::f16, true);
+        std::mt19937 rng(43);
+        for (Tensor* t : {&k, &v})
+          for (std::int64_t h = 0; h < 2; ++h)
+            for (std::int64_t s = 0; s < S; ++s) {
+              if (s % 7 == 0) continue;  // keep some rows as they are
+              for (std::int64_t d = 0; d < 128; ++d) t->view().set(0, h, s, d, rng() % 2 ? -0.0f : 0.0f);
+            }
+        SkvqCache cpu(cfg);
+        cpu.append(k.view(), v.view());
+        cuda::DeviceCache gpu(cfg, 1, 2, 128, S);
+        gpu.append(k.view(), v.view());
+        EXPECT_TRUE(gpu.to_host().same_state(cpu)) << "meta " << static_cast<int>(meta) << " search " << search << " group " << group;
+      }
+    }
+  }
+}
+
 // append_device from pointers that are not 16-byte aligned (one fp16 element
 // into a buffer): the flush stages rows element by element then; same state.
 TEST(Cuda, FlushFromUnalignedDevicePointers) {

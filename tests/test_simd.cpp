@@ -15,7 +15,10 @@
 namespace skvq::test {
 namespace {
 
-enum class Data { normal, outliers, ties, constant_rows, tiny_range };
+// signed_zeros: rows of +0 and -0 (a group of zeros alone takes its first
+// slot's sign in lo), every third row with a few nonzero slots.
+enum class Data { normal, outliers, ties, constant_rows, tiny_range, signed_zeros };
+constexpr int kDataKinds = 6;
 
 std::vector<float> make_rows(std::int64_t n, int D, int P, Data kind, std::uint32_t seed) {
   Normal rng(seed);
@@ -30,6 +33,7 @@ std::vector<float> make_rows(std::int64_t n, int D, int P, Data kind, std::uint3
         case Data::ties: v = static_cast<float>(rng.next() % 8) * 0.5f; break;  // many exact half-steps
         case Data::constant_rows: v = static_cast<float>(r % 5) - 2.0f; break;
         case Data::tiny_range: v = 1.0f + v * 1e-7f; break;
+        case Data::signed_zeros: v = (r % 3 == 0 && rng.next() % 8 == 0) ? v : (rng.next() % 2 ? -0.0f : 0.0f); break;
       }
       row[j] = v;
     }
@@ -85,7 +89,7 @@ TEST_P(SimdTarget, MatchesReferenceOnAwkwardShapes) {
       for (int bits = 1; bits <= 8; ++bits) {
         const MetaType meta = static_cast<MetaType>(bits % 3);
         const std::int64_t n = std::vector<std::int64_t>{1, 7, 15, 16, 17, 33}[static_cast<std::size_t>(bits % 6)];
-        const Data kind = static_cast<Data>((seed++) % 5);
+        const Data kind = static_cast<Data>((seed++) % kDataKinds);
         const auto x = make_rows(n, D, P, kind, seed);
         const auto grid = bits % 2 ? default_clip_grid() : std::vector<float>{0.9f};
         const Out a = run(false, x, n, P, g, bits, meta, grid);
@@ -102,7 +106,7 @@ TEST_P(SimdTarget, MatchesReferenceOnAwkwardShapes) {
 
 TEST_P(SimdTarget, EveryMetaAndDataKind) {
   for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
-    for (int k = 0; k < 5; ++k) {
+    for (int k = 0; k < kDataKinds; ++k) {
       for (int bits : {1, 2, 3, 4, 8}) {
         const auto x = make_rows(67, 128, 128, static_cast<Data>(k), 77u + static_cast<std::uint32_t>(k));
         const Out a = run(false, x, 67, 128, 32, bits, meta, default_clip_grid());

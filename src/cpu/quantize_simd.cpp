@@ -84,6 +84,12 @@ void QuantizeRows(const QuantParams& p) {
         gmin = hn::Min(gmin, x);
         gmax = hn::Max(gmax, x);
       }
+      // A group of signed zeros alone: the reference (std::min and std::max
+      // over the slots in order, ties keeping the earlier) makes both the
+      // first slot's zero, so lo takes its sign; Min and Max may pick either.
+      const auto zeros = hn::And(hn::Eq(gmin, zero), hn::Eq(gmax, zero));
+      gmin = hn::IfThenElse(zeros, hn::Load(d, grp), gmin);
+      gmax = hn::IfThenElse(zeros, gmin, gmax);
       const V mid = hn::Mul(hn::Add(gmax, gmin), half);
       const V rng = hn::Sub(gmax, gmin);
 

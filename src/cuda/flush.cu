@@ -208,6 +208,10 @@ struct GroupSlots {
       mn = fminf(mn, x);
       mx = isnan(x) ? NAN : fmaxf(mx, x);
     }
+    // A group of signed zeros alone: the reference (std::min and std::max
+    // over the slots in order, ties keeping the earlier) makes both the first
+    // slot's zero, so lo takes its sign; the min and max above may pick either.
+    if (mn == 0.0f && mx == 0.0f) mn = mx = __half2float(xs[0]);
   }
 };
 
