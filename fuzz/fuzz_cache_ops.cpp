@@ -97,9 +97,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.metadata = static_cast<MetaType>(fdp.ConsumeIntegralInRange(0, 2));
   cfg.dense_view = fdp.ConsumeBool();
   if (fdp.ConsumeBool()) cfg.max_ctx = fdp.ConsumeIntegralInRange(1, 160);
-  const std::int64_t B = fdp.ConsumeIntegralInRange(1, 2), H = fdp.ConsumeIntegralInRange(1, 3);
-  const std::int64_t D = cfg.head_dim, Dv = fdp.ConsumeBool() ? D : fdp.ConsumeIntegralInRange(1, 72);
-  const DType dt = static_cast<DType>(fdp.ConsumeIntegralInRange(0, 2));
+  // the first call that succeeds fixes B, H, the values' head dim and the dtype
+  std::int64_t B = fdp.ConsumeIntegralInRange(1, 2), H = fdp.ConsumeIntegralInRange(1, 3);
+  const std::int64_t D = cfg.head_dim;
+  std::int64_t Dv = fdp.ConsumeBool() ? D : fdp.ConsumeIntegralInRange(1, 72);
+  DType dt = static_cast<DType>(fdp.ConsumeIntegralInRange(0, 2));
   static const bool verbose = std::getenv("SKVQ_FUZZ_VERBOSE") != nullptr;  // what a crash input does
   if (verbose) {
     std::fprintf(stderr, "config D=%d bits %d/%d group %d window %d sinks %d reorder %d search %d alpha %g meta %d dense %d; B=%lld H=%lld Dv=%lld dtype %d\n",
@@ -134,6 +136,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           threw_r = true;
         }
         if (threw_a != threw_r) fail("the SIMD and reference caches disagree on refusing a call");
+        if (!threw_a && before.offset() == 0) {  // the first call: its shapes and dtype are the cache's now
+          H = k.shape()[1];
+          Dv = v.shape()[3];
+          dt = cdt;
+        }
         if (threw_a) same(a, before, "a refused append changed the cache");
         same(a, r, "SIMD and reference states differ after an append");
         break;

@@ -1,7 +1,8 @@
 // Writes the fuzzers' seed corpora, a few valid files of each format:
 // DIR/cache (prompt-cache files), DIR/npy, DIR/model (llama2.c versions 0-2
 // and GGUF in each tensor type) and DIR/tokenizer (the vocabulary size byte
-// that fuzz_tokenizer reads first, then a llama2.c tokenizer file).
+// that fuzz_tokenizer reads first, then a llama2.c tokenizer file); DIR/ops
+// is left empty (fuzz_cache_ops starts from nothing).
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -113,7 +114,7 @@ void tokenizers(const fs::path& dir) {
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
   const fs::path root = argv[1];
-  for (const char* sub : {"cache", "npy", "model", "tokenizer"}) fs::create_directories(root / sub);
+  for (const char* sub : {"cache", "ops", "npy", "model", "tokenizer"}) fs::create_directories(root / sub);
   caches(root / "cache");
   npys(root / "npy");
   models(root / "model");

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang and fuzzes every reader of
 # untrusted files (prompt caches, .npy, models, tokenizers), each from its
-# seed corpus: scripts/fuzz.sh [SECONDS a target]
+# seed corpus, and the cache's operations against the scalar reference
+# (fuzz_cache_ops, from no seeds): scripts/fuzz.sh [SECONDS a target]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 secs=${1:-60}
-targets=(cache_file npy model tokenizer)
-corpora=(cache npy model tokenizer)
+targets=(cache_file cache_ops npy model tokenizer)
+corpora=(cache ops npy model tokenizer)
 cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ -DSKVQ_FUZZ=ON \
   -DSKVQ_BUILD_TESTS=OFF -DSKVQ_BUILD_BENCH=OFF -DSKVQ_BUILD_TOOLS=OFF -DSKVQ_SANITIZE=ON -DSKVQ_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz_make_corpus "${targets[@]/#/fuzz_}" >/dev/null

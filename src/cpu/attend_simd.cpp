@@ -551,7 +551,7 @@ class LineQueue {
   // Asks for the next k lines (k: a constant at the call sites, so the common
   // case is k prefetches at fixed offsets and one compare).
   HWY_INLINE void issue(int k) {
-    if (cur_ + 64 * k <= end_) {
+    if (end_ - cur_ >= 64 * k) {  // (no offset from an empty queue's null pointers)
       for (int j = 0; j < k; ++j) ask(cur_ + 64 * j);
       cur_ += 64 * k;
       return;
