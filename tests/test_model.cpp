@@ -106,7 +106,8 @@ TEST(Model, ForwardWithLeavesTheAttentionToItsCaller) {
   PromptCache ref = r.make_cache(CacheKind::plain), mine = r.make_cache(CacheKind::plain);
   std::vector<int> layers;
   std::vector<float> got, want;
-  for (auto [b, e] : {std::pair<std::size_t, std::size_t>{0, 50}, {50, 60}}) {
+  for (const auto& be : {std::pair<std::size_t, std::size_t>{0, 50}, {50, 60}}) {
+    const std::size_t b = be.first, e = be.second;  // (clang 14 cannot capture structured bindings)
     const auto piece = std::span<const int>(toks).subspan(b, e - b);
     const auto ref_part = r.forward(piece, ref, true);
     want.insert(want.end(), ref_part.begin(), ref_part.end());
@@ -347,14 +348,16 @@ TEST(Model, CraftedFilesAreClearErrors) {
     return b;
   };
   const Tokenizer before({"x", "y", "z"}, {0.0f, 0.0f, 0.0f});
-  for (const auto& [key, value, needle] : std::vector<std::tuple<std::string, float, std::string>>{
+  for (const auto& kvn : std::vector<std::tuple<std::string, float, std::string>>{
            {"llama.embedding_length", 1e20f, "llama.embedding_length=1e+20 is not an integer"},
            {"llama.block_count", std::nanf(""), "llama.block_count=nan is not an integer"},
            {"llama.context_length", 2.5f, "llama.context_length=2.5 is not an integer"},
            {"general.alignment", -64.0f, "general.alignment=-64 is not in [1, 4096]"},
            {"tokenizer.ggml.bos_token_id", 3e9f, "tokenizer.ggml.bos_token_id=3e+09 is not an integer"}}) {
+    const auto& [key, value, needle] = kvn;
+    const std::string bytes = retyped(key, value);
     Tokenizer t = before;
-    expect_error([&] { model::parse_gguf(retyped(key, value), "bad.gguf", &t); }, {"bad.gguf", needle.c_str()});
+    expect_error([&] { model::parse_gguf(bytes, "bad.gguf", &t); }, {"bad.gguf", needle.c_str()});
     EXPECT_EQ(t.pieces(), before.pieces()) << key;
   }
   {  // rope base: an f32 already; infinity
