@@ -7,9 +7,13 @@
 // - both caches hold identical state (the spec: fast paths give the same
 //   codes and metadata), and fetch the same bits;
 // - a refused call (skvq::Error) left its cache exactly as it was;
-// - attention over both agrees to 1% of the largest value held (plus 1% of
+// - a cache saved as a prompt-cache file loads back to the same state;
+// - attention over both agrees to 2% of the largest value held (plus 1% of
 //   the smallest stored scale's largest code, for values that are all 0),
-//   and is finite.
+//   and is finite. docs/numerics.md bounds the fused kernels' two roundings
+//   (16-bit queries: about 0.4% of the largest value with scores of the size
+//   used here; weights rounded to 16 bits a block: at most 0.4%), so 2% is
+//   twice their sum, and a kernel that goes wrong is off by far more.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -22,6 +26,7 @@
 #include <limits>
 #include <random>
 
+#include "skvq/cache_file.hpp"
 #include "skvq/skvq.hpp"
 
 namespace {
@@ -115,7 +120,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   r.set_kernel(Kernel::reference);
   a.set_num_threads(fdp.ConsumeIntegralInRange(1, 3));
   for (int op = 0; op < 8 && fdp.remaining_bytes() > 0; ++op) {
-    switch (fdp.ConsumeIntegralInRange(0, 3)) {
+    switch (fdp.ConsumeIntegralInRange(0, 4)) {
+      case 4: {  // through a prompt-cache file and back: the same state
+        PromptCache pc;
+        pc.push_back(a.clone());
+        const PromptCache back = load_prompt_cache_bytes(prompt_cache_bytes(pc));
+        const auto* c = dynamic_cast<const SkvqCache*>(&back.layer(0));
+        if (c == nullptr || back.size() != 1) fail("a saved cache came back as something else");
+        same(*c, a, "a cache saved and loaded again differs");
+        break;
+      }
       case 0:
       case 1: {  // append S rows; now and then a call that must be refused
         const std::int64_t S = fdp.ConsumeIntegralInRange(1, 40);
@@ -192,11 +206,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         each(os, [&](std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
           const double x = os.view().at(b, h, s, d), y = orf.view().at(b, h, s, d);
           if (!std::isfinite(x) || !std::isfinite(y)) fail("attention is not finite");
-          if (std::fabs(x - y) > 0.01 * vmax + floor) {
+          if (std::fabs(x - y) > 0.02 * vmax + floor) {
             if (verbose) std::fprintf(stderr, "attention [%lld %lld %lld %lld]: simd %.9g ref %.9g vmax %g kmax %g T=%lld G=%lld Sq=%lld\n",
                                       static_cast<long long>(b), static_cast<long long>(h), static_cast<long long>(s), static_cast<long long>(d),
                                       x, y, vmax, kmax, static_cast<long long>(T), static_cast<long long>(G), static_cast<long long>(Sq));
-            fail("SIMD and reference attention differ by more than 1% of the largest value");
+            fail("SIMD and reference attention differ by more than 2% of the largest value");
           }
         });
         break;
