@@ -18,20 +18,24 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 
+#include "ref/meta.hpp"
 #include "skvq/cache_file.hpp"
 #include "skvq/skvq.hpp"
 
 namespace {
 
 using namespace skvq;
+
+// SKVQ_FUZZ_VERBOSE set: a crash input's config and calls go to stderr.
+const bool verbose = std::getenv("SKVQ_FUZZ_VERBOSE") != nullptr;
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "fuzz_cache_ops: %s\n", what);
@@ -44,7 +48,7 @@ Tensor rows(FuzzedDataProvider& fdp, DType dt, Shape4 shape) {
   std::mt19937 rng(fdp.ConsumeIntegral<std::uint32_t>());
   const int kind = fdp.ConsumeIntegralInRange(0, 5);
   const float scale = std::array<float, 6>{1e-6f, 1e-3f, 1.0f, 30.0f, 3000.0f, 60000.0f}[fdp.ConsumeIntegralInRange(0, 5)];
-  if (std::getenv("SKVQ_FUZZ_VERBOSE")) std::fprintf(stderr, "  rows kind %d scale %g dtype %d\n", kind, static_cast<double>(scale), static_cast<int>(dt));
+  if (verbose) std::fprintf(stderr, "  rows kind %d scale %g dtype %d\n", kind, static_cast<double>(scale), static_cast<int>(dt));
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const float limit = dt == DType::f16 ? 65504.0f : 1e30f;
   TensorView v = t.view();
@@ -105,11 +109,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.dense_view = fdp.ConsumeBool();
   if (fdp.ConsumeBool()) cfg.max_ctx = fdp.ConsumeIntegralInRange(1, 160);
   // the first call that succeeds fixes B, H, the values' head dim and the dtype
-  std::int64_t B = fdp.ConsumeIntegralInRange(1, 2), H = fdp.ConsumeIntegralInRange(1, 3);
+  const std::int64_t B = fdp.ConsumeIntegralInRange(1, 2);
+  std::int64_t H = fdp.ConsumeIntegralInRange(1, 3);
   const std::int64_t D = cfg.head_dim;
   std::int64_t Dv = fdp.ConsumeBool() ? D : fdp.ConsumeIntegralInRange(1, 72);
   DType dt = static_cast<DType>(fdp.ConsumeIntegralInRange(0, 2));
-  static const bool verbose = std::getenv("SKVQ_FUZZ_VERBOSE") != nullptr;  // what a crash input does
   if (verbose) {
     std::fprintf(stderr, "config D=%d bits %d/%d group %d window %d sinks %d reorder %d search %d alpha %g meta %d dense %d; B=%lld H=%lld Dv=%lld dtype %d\n",
                  cfg.head_dim, cfg.bits_key, cfg.bits_value, cfg.group_size, cfg.window, cfg.n_sink, cfg.reorder, cfg.clip_search,
@@ -201,7 +205,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         // every value reconstructs to 0 (docs/numerics.md, attention
         // tolerances): 1% of the smallest scale the metadata stores times
         // the largest code bounds that where vmax is 0.
-        const double min_scale = cfg.metadata == MetaType::fp16 ? 0x1p-24 : cfg.metadata == MetaType::fp8_e4m3 ? 0x1p-9 : 1e-8;
+        const double min_scale = cfg.metadata == MetaType::fp16     ? ref::kMinScaleF16
+                                 : cfg.metadata == MetaType::fp8_e4m3 ? ref::kMinScaleE4M3
+                                                                      : ref::kMinScaleF32;
         const double floor = 0.01 * min_scale * ((1 << cfg.bits_value) - 1);
         each(os, [&](std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
           const double x = os.view().at(b, h, s, d), y = orf.view().at(b, h, s, d);
