@@ -281,11 +281,8 @@ TEST(Model, SeparateClassifierInEveryFormat) {
   std::vector<std::string> pieces;
   for (int i = 0; i < 7; ++i) pieces.push_back(std::string(1, static_cast<char>('a' + i)));
   const Tokenizer tok(pieces, std::vector<float>(7, 0.0f));
-  const std::string path = tmp("sep.gguf");
-  model::write_gguf(m, tok, path, "f32");
   Tokenizer t2;
-  const Model m3 = model::load_gguf(path, &t2);
-  fs::remove(path);
+  const Model m3 = model::parse_gguf(model::gguf_bytes(m, tok, "f32"), "sep.gguf", &t2);
   EXPECT_FALSE(m3.cfg.shared_classifier);
   EXPECT_EQ(m3.wcls, m.wcls);
   EXPECT_EQ(t2.pieces(), pieces);
@@ -326,11 +323,7 @@ TEST(Model, CraftedFilesAreClearErrors) {
   // GGUF metadata out of the range it is narrowed to
   std::vector<std::string> pieces{"a", "b", "c", "d", "e"};
   const Tokenizer tok(pieces, std::vector<float>(5, 0.0f));
-  const std::string path = tmp("crafted.gguf");
-  model::write_gguf(m, tok, path, "f32");
-  std::ifstream g(path, std::ios::binary);
-  const std::string good((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
-  fs::remove(path);
+  const std::string good = model::gguf_bytes(m, tok, "f32");
   {
     Tokenizer t;
     EXPECT_EQ(model::parse_gguf(good, "good.gguf", &t).cfg.dim, 8);

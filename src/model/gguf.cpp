@@ -150,7 +150,7 @@ struct TensorInfo {
 
 }  // namespace
 
-void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, const std::string& dtype) {
+std::string gguf_bytes(const Model& m, const Tokenizer& tok, const std::string& dtype) {
   std::uint32_t tt;
   if (dtype == "f32") tt = kTF32;
   else if (dtype == "f16") tt = kTF16;
@@ -231,6 +231,11 @@ void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, c
     }
     b.append((32 - (b.size() - start) % 32) % 32, '\0');
   }
+  return std::move(b);
+}
+
+void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, const std::string& dtype) {
+  const std::string b = gguf_bytes(m, tok, dtype);
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(b.data(), static_cast<std::streamsize>(b.size()));
   if (!f) throw Error("skvq: convert: cannot write " + path);

@@ -79,5 +79,7 @@ Model load_model(const std::string& path, const std::string& tokenizer_path, Tok
 // Writes `m` and `tok` as a GGUF file (llama architecture, tensors in `dtype`:
 // "f32", "f16" or "bf16").
 void write_gguf(const Model& m, const Tokenizer& tok, const std::string& path, const std::string& dtype);
+// The same file's bytes.
+std::string gguf_bytes(const Model& m, const Tokenizer& tok, const std::string& dtype);
 
 }  // namespace skvq::model
