@@ -26,6 +26,7 @@ SKVQ_CUDA_MMA=1 "$bin/bench_cuda" --no-scale $quick > "$out/bench_cuda_mma.txt" 
 python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch exit $?"
 [ -z "$quick" ] && { "$bin/bench_cuda" --head-dims > "$out/bench_head_dims.txt" 2>&1; echo "bench_cuda --head-dims exit $?"; }
 [ -z "$quick" ] && { SKVQ_CUDA_GENERAL=float "$bin/bench_cuda" --head-dims > "$out/bench_head_dims_float.txt" 2>&1; echo "bench_cuda --head-dims (float general kernel) exit $?"; }
+[ -z "$quick" ] && { "$bin/bench_cuda" --dtypes > "$out/bench_dtypes.txt" 2>&1; echo "bench_cuda --dtypes exit $?"; }
 # The test runs are independent of each other: they go to the GPU together
 # (background jobs, each with its own output file; a full sequential pass took
 # about nine minutes, near a device call's ten), and their summaries print in
@@ -93,5 +94,6 @@ echo "== benchmark results (measured first, above)"
 grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
 [ -f "$out/bench_head_dims.txt" ] && grep -E "^\| (D|16|32|64|96|256) " "$out/bench_head_dims.txt"
 [ -f "$out/bench_head_dims_float.txt" ] && { echo "(the same, the general path's float kernel alone)"; grep -E "^\| (16|32|64|96|256) " "$out/bench_head_dims_float.txt"; }
+[ -f "$out/bench_dtypes.txt" ] && sed -n '/^## Device calls/,$p' "$out/bench_dtypes.txt" | grep -v RESULT
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"
