@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "cpu/quantize_simd.hpp"
 #include "ref/attention.hpp"
@@ -193,6 +194,48 @@ TEST(Attend, PlainCacheAndDenseEntryPoint) {
         EXPECT_EQ(a.view().at(0, h, i, d), b.view().at(0, h, i, d));
         EXPECT_NEAR(b.view().at(0, h, i, d), r.view().at(0, h, i, d), 1e-4);
       }
+}
+
+// attend() writes any dtype and strides of `out`: every element is the float32
+// result of the contiguous float32 output, rounded once to the dtype, and the
+// elements between strided ones are left alone. Shapes with a permutation
+// (values reorder), grouped-query rows, several splits, and a prefill (Sq 3).
+TEST(Attend, OutputInAnyDtypeAndStridesIsTheFloatResultRounded) {
+  for (const std::int64_t sq : {1, 3}) {
+    Config cfg;
+    cfg.head_dim = 64;
+    cfg.window = 16;
+    cfg.n_sink = 2;
+    cfg.group_size = 16;
+    SkvqCache c(cfg);
+    Tensor k = randn({1, 2, 300, 64}, 21, DType::f16, true), v = randn({1, 2, 300, 64}, 22, DType::f16, true);
+    c.update_and_fetch(k.view(), v.view());
+    const Tensor q = randn({1, 8, sq, 64}, 23, DType::f32);
+    const AttendOptions two_threads{Kernel::simd, 2};
+    Tensor want(DType::f32, {1, 8, sq, 64});
+    attend(c, q.view(), 0.125f, want.view(), two_threads);
+    for (const DType dt : {DType::f16, DType::bf16}) {
+      Tensor o(dt, {1, 8, sq, 64});
+      attend(c, q.view(), 0.125f, o.view(), two_threads);
+      const Tensor rounded = Tensor::copy_of(want.view(), dt);
+      ASSERT_EQ(std::memcmp(o.data(), rounded.data(), o.nbytes()), 0) << dtype_name(dt) << " Sq=" << sq;
+    }
+    // float32 every other element of a wider buffer, filled with a marker
+    Tensor wide(DType::f32, {1, 8, sq, 128});
+    for (std::int64_t h = 0; h < 8; ++h)
+      for (std::int64_t i = 0; i < sq; ++i)
+        for (std::int64_t d = 0; d < 128; ++d) wide.view().set(0, h, i, d, -7.0f);
+    TensorView strided = wide.view();
+    strided.shape[3] = 64;
+    strided.strides[3] = 2;
+    attend(c, q.view(), 0.125f, strided, two_threads);
+    for (std::int64_t h = 0; h < 8; ++h)
+      for (std::int64_t i = 0; i < sq; ++i)
+        for (std::int64_t d = 0; d < 64; ++d) {
+          ASSERT_EQ(wide.view().at(0, h, i, 2 * d), want.view().at(0, h, i, d)) << h << "," << i << "," << d;
+          ASSERT_EQ(wide.view().at(0, h, i, 2 * d + 1), -7.0f);
+        }
+  }
 }
 
 TEST(Attend, BadArgumentsNameTheProblem) {

@@ -1407,7 +1407,7 @@ struct Plan {
     ksc = t.take(kFused * fk.G + L);
     vlo = t.take(kFused * fv.G + L);
     vsc = t.take(kFused * fv.G + L);
-    row = t.take(Dv);
+    row = t.take(2 * Dv);
     per_task = t.size();
   }
   // The end of the block that starts at token t (at most t_end): one segment,
@@ -1722,23 +1722,39 @@ void AttendSimd(const AttendParams& p) {
       float* base = buf + (head * splits + sp) * pl.per_part;
       return Partial{base + pl.m, base + pl.l, base + pl.acc_o, base + pl.acc_p};
     };
+    // The splits' sums in both orders side by side (contiguous, vectorised),
+    // then the permuted one scattered into the output order once a row.
+    float* __restrict__ ro = row;
+    float* __restrict__ rp = row + Dv;
     for (std::int64_t qi = 0; qi < nq; ++qi) {
       float M = -INFINITY;
       for (std::int64_t sp = 0; sp < splits; ++sp) M = std::max(M, partial(sp).m[qi]);
       float Lsum = 0.0f;
-      std::fill(row, row + Dv, 0.0f);
+      std::fill(ro, ro + 2 * Dv, 0.0f);
       for (std::int64_t sp = 0; sp < splits; ++sp) {
         const Partial pt = partial(sp);
         if (pt.m[qi] == -INFINITY) continue;
         const float w = std::exp(pt.m[qi] - M);
         Lsum += pt.l[qi] * w;
+        const float* __restrict__ ao = pt.acc_o + qi * Dvp;
+        const float* __restrict__ ap = pt.acc_p + qi * Dvp;
         for (std::int64_t j = 0; j < Dv; ++j) {
-          row[j] += w * pt.acc_o[qi * Dvp + j];
-          row[vperm ? vperm[j] : j] += w * pt.acc_p[qi * Dvp + j];
+          ro[j] += w * ao[j];
+          rp[j] += w * ap[j];
         }
       }
+      if (vperm) {
+        for (std::int64_t j = 0; j < Dv; ++j) ro[vperm[j]] += rp[j];
+      } else {
+        for (std::int64_t j = 0; j < Dv; ++j) ro[j] += rp[j];
+      }
       const std::int64_t hq = h * pl.Gq + qi / p.sq, i = qi % p.sq;
-      for (std::int64_t j = 0; j < Dv; ++j) p.out.set(b, hq, i, j, row[j] / Lsum);
+      if (p.out.dtype == DType::f32 && p.out.strides[3] == 1) {
+        float* o = reinterpret_cast<float*>(p.out.ptr(b, hq, i, 0));
+        for (std::int64_t j = 0; j < Dv; ++j) o[j] = ro[j] / Lsum;
+      } else {
+        for (std::int64_t j = 0; j < Dv; ++j) p.out.set(b, hq, i, j, ro[j] / Lsum);
+      }
     }
   };
   detail::ThreadPool::global().parallel_for(tasks, threads, [&](std::int64_t task) {
