@@ -646,9 +646,8 @@ void dtypes_decode(const Setting& st, const DType (&types)[3], float scale) {
 
 // --dtypes' prefill table: append_device from rows in each type.
 void dtypes_prefill(const Setting& st, const DType (&types)[3]) {
-  const char* piece = std::getenv("SKVQ_CUDA_CONVERT_BYTES");
   std::printf("\nPrefill: append_device of all the tokens into an empty cache (median of 5 each, alternating; "
-              "conversion pieces of %s bytes)\n\n", piece ? piece : "64 Mi");
+              "bf16 and fp32 rounded to fp16 by the flush kernels as they read them)\n\n");
   std::printf("| B | Hkv | tokens | search | fp16 ms | bf16 ms | fp32 ms | fp16 GB/s in | bf16 GB/s in | fp32 GB/s in "
               "| bf16 / fp16 | fp32 / fp16 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [B, Hkv, P] : {std::tuple<int, int, std::int64_t>{1, 32, 16384}, {8, 8, 8192}, {1, 8, 1000}}) {
@@ -677,7 +676,7 @@ void dtypes_prefill(const Setting& st, const DType (&types)[3]) {
 // as decode_table's graph column) with queries and output in fp32, fp16 and bf16, the three
 // alternating over 3 rounds; then append_device of a prefill into an empty cache from fp16, bf16 and
 // fp32 rows on the device (bf16 and fp32 rounded to fp16 on the device: the tail's rows straight
-// into it, whole windows through scratch pieces), the flush's clip search on and off, the three
+// into it, whole windows by the flush kernels as they read them), the flush's clip search on and off, the three
 // alternating; medians. K2V2 g128, Hq = 32, D = 128. --dtypes-prefill: the prefill table alone.
 void dtypes_table(bool decode) {
   const Setting& st = kSettings[0];

@@ -1295,18 +1295,22 @@ TEST(Cuda, DeviceCallsTakeFp16Bf16AndFp32) {
     Config cfg;
     std::int64_t Dv, B, H;
     std::vector<std::int64_t> calls;
-    const char* piece_bytes;  // SKVQ_CUDA_CONVERT_BYTES (nullptr: the default, every whole window in one piece here)
   };
   Config small = gpu_config(32, 2, 32, 4, 4, MetaType::fp8_e4m3);
   small.head_dim = 64;
+  Config eight = gpu_config(16, 0, 64, 8, 1, MetaType::fp32, false);  // no sinks, no reordering
+  eight.head_dim = 64;
+  // The first call of each but the first flushes whole windows straight from the input (the
+  // permutations and sinks from the typed rows too); odd calls start off a 16-byte boundary.
   const std::vector<DtypeCase> cases = {
-      {gpu_config(64, 3, 32, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}, nullptr},
-      {gpu_config(64, 3, 128, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}, "1"},  // a window a piece
-      {small, 32, 1, 3, {70, 3, 200}, "40000"},  // two windows a piece (18 KiB of fp16 a window)
+      {gpu_config(64, 3, 32, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}},
+      {gpu_config(64, 3, 128, 2, 2, MetaType::fp16), 128, 2, 4, {300, 1, 64, 130}},
+      {gpu_config(128, 5, 128, 4, 4, MetaType::fp16), 128, 1, 8, {640, 7, 129}},
+      {small, 32, 1, 3, {70, 3, 200}},
+      {eight, 64, 2, 2, {48, 5, 33}},
   };
   std::uint32_t seed = 2000;
   for (const DtypeCase& c : cases) {
-    if (c.piece_bytes) setenv("SKVQ_CUDA_CONVERT_BYTES", c.piece_bytes, 1);
     const std::int64_t D = c.cfg.head_dim, T = std::accumulate(c.calls.begin(), c.calls.end(), std::int64_t{0});
     for (DType dt : {DType::bf16, DType::f32, DType::f16}) {
       const std::string what = std::string(dtype_name(dt)) + " D " + std::to_string(D) + " group " + std::to_string(c.cfg.group_size);
@@ -1364,7 +1368,6 @@ TEST(Cuda, DeviceCallsTakeFp16Bf16AndFp32) {
       const DeviceBytes dq(q), dout(out.nbytes(), 2);
       expect_error([&] { on_device.attend_device(dq.p, DType::f32, c.H, 1, scale, dout.p, DType::f32); }, {"out", "aligned", "float32"});
     }
-    if (c.piece_bytes) unsetenv("SKVQ_CUDA_CONVERT_BYTES");
   }
 }
 

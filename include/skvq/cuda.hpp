@@ -93,8 +93,8 @@ class DeviceCache {
   void append_device(const void* keys, const void* values, std::int64_t S, Stream stream = nullptr);
   // Same with keys and values of `dtype`: fp16 as above; bf16 or fp32 rounded to fp16 on the device
   // (to nearest, ties to even, as append() rounds host input; not checked either) as they are read:
-  // rows for the tail straight into it, whole windows through a scratch buffer in pieces of at most
-  // 64 MiB of fp16 (at least a window), allocated on `stream` (stream-ordered) for the call.
+  // rows for the tail by one kernel straight into it, whole windows by the flush kernels themselves
+  // (one launch a side, as for fp16; no fp16 copy of the input is made).
   // Errors, before anything is enqueued (the cache unchanged): S < 1, a context past the capacity,
   // keys or values not aligned to their element size.
   void append_device(const void* keys, const void* values, std::int64_t S, DType dtype, Stream stream = nullptr);

@@ -107,9 +107,10 @@ struct DeviceCacheImpl {
     s.sinks = static_cast<__half*>(alloc_zeroed(static_cast<std::size_t>(B * H * std::max(cfg.n_sink, 1) * D) * 2));
     s.perm = cfg.reorder ? static_cast<int*>(alloc(static_cast<std::size_t>(H * D) * 4)) : nullptr;
   }
-  FlushParams flush_params(const __half* src, std::int64_t src_tokens, std::int64_t first, int n_chunks) const {
+  FlushParams flush_params(const void* src, DType src_type, std::int64_t src_tokens, std::int64_t first, int n_chunks) const {
     FlushParams f;
-    f.src = src;
+    f.src = static_cast<const __half*>(src);
+    f.src_type = static_cast<signed char>(src_type);
     f.src_tokens = src_tokens;
     f.first = first;
     f.n_chunks = n_chunks;
@@ -125,19 +126,23 @@ struct DeviceCacheImpl {
     std::copy_n(grid.begin(), std::min<std::size_t>(grid.size(), FlushParams::kMaxGrid), f.grid);
     return f;
   }
-  // Flushes n_chunks windows of both sides; their rows are token `first` on in ks/vs.
-  void flush(const __half* ks, const __half* vs, std::int64_t src_tokens, std::int64_t first, int n_chunks,
+  // Flushes n_chunks windows of both sides; their rows are token `first` on in ks/vs, of type
+  // src_type (bf16 and fp32 rounded to fp16 as the kernels read them).
+  void flush(const void* ks, const void* vs, DType src_type, std::int64_t src_tokens, std::int64_t first, int n_chunks,
              cudaStream_t stream) {
     for (int side = 0; side < 2; ++side) {
       DevSide& s = side == 0 ? k : v;
-      const FlushParams f = flush_params(side == 0 ? ks : vs, src_tokens, first, n_chunks);
+      const FlushParams f = flush_params(side == 0 ? ks : vs, src_type, src_tokens, first, n_chunks);
       if (q_end == 0) {
         if (s.perm) run_perm(f, s, stream);
-        if (cfg.n_sink > 0) {
-          SKVQ_CUDA_CHECK(cudaMemcpy2DAsync(s.sinks, static_cast<std::size_t>(cfg.n_sink) * s.D * 2, f.src + first * s.D,
-                                       static_cast<std::size_t>(src_tokens) * s.D * 2,
-                                       static_cast<std::size_t>(cfg.n_sink) * s.D * 2, static_cast<std::size_t>(B * H),
-                                       cudaMemcpyDeviceToDevice, stream));
+        if (cfg.n_sink > 0 && src_type == DType::f16) {
+          SKVQ_CUDA_CHECK(cudaMemcpy2DAsync(s.sinks, static_cast<std::size_t>(cfg.n_sink) * s.D * 2,
+                                            f.src + first * s.D,
+                                            static_cast<std::size_t>(src_tokens) * s.D * 2,
+                                            static_cast<std::size_t>(cfg.n_sink) * s.D * 2, static_cast<std::size_t>(B * H),
+                                            cudaMemcpyDeviceToDevice, stream));
+        } else if (cfg.n_sink > 0) {
+          run_rows_to_half(f.src, src_type, B * H, src_tokens, first, cfg.n_sink, s.sinks, cfg.n_sink, 0, s.D, stream);
         }
       }
       run_flush(f, s, stream);
@@ -543,28 +548,6 @@ void check_aligned(const char* what, const char* name, const void* p, std::size_
               std::to_string(align) + " bytes");
 }
 
-// The fp16 bytes of keys and values a piece of converted whole windows may take (SKVQ_CUDA_CONVERT_BYTES
-// for tests; at least one window is taken whatever it says).
-std::int64_t convert_piece_bytes() { return std::max(1, env_int("SKVQ_CUDA_CONVERT_BYTES", 64 << 20)); }
-
-// Device memory for one call, allocated and freed in the order of `stream`.
-class StreamScratch {
- public:
-  StreamScratch(std::int64_t bytes, cudaStream_t stream) : stream_(stream) {
-    if (bytes > 0) SKVQ_CUDA_CHECK(cudaMallocAsync(&ptr_, static_cast<std::size_t>(bytes), stream));
-  }
-  ~StreamScratch() {
-    if (ptr_) (void)cudaFreeAsync(ptr_, stream_);  // (an error here is a device error a later call reports)
-  }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  __half* get() const { return static_cast<__half*>(ptr_); }
-
- private:
-  void* ptr_ = nullptr;
-  cudaStream_t stream_;
-};
-
 }  // namespace
 
 void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, Stream stream) {
@@ -580,30 +563,13 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
   d.check_capacity(S);
   const std::int64_t r = d.cfg.window, BH = d.B * d.H;
   const bool half = dtype == DType::f16;
-  // bf16 and fp32 whole windows go through fp16 scratch in pieces of `piece` tokens (whole windows)
-  std::int64_t piece = 0;
-  if (!half) {
-    const std::int64_t live = d.offset - d.q_end, first = live == 0 ? 0 : std::min(S, r - live);
-    const std::int64_t whole = (S - first) / r * r, token = BH * (d.k.D + d.v.D) * 2;
-    piece = std::min(whole, std::max<std::int64_t>(1, convert_piece_bytes() / (token * r)) * r);
-  }
-  const StreamScratch scratch(piece * BH * (d.k.D + d.v.D) * 2, stream);
-  __half* sk = scratch.get();
-  __half* sv = piece > 0 ? sk + BH * piece * d.k.D : nullptr;
   const auto* ks = static_cast<const __half*>(keys);
   const auto* vs = static_cast<const __half*>(values);
   for (std::int64_t t = 0; t < S;) {
     const std::int64_t live = d.offset - d.q_end;
-    if (live == 0 && S - t >= r) {  // whole windows straight from the input (fp16: one launch)
-      std::int64_t n = (S - t) / r * r;
-      if (half) {
-        d.flush(ks, vs, S, t, static_cast<int>(n / r), stream);
-      } else {
-        n = std::min(n, piece);
-        run_rows_to_half(keys, dtype, BH, S, t, n, sk, n, 0, d.k.D, stream);
-        run_rows_to_half(values, dtype, BH, S, t, n, sv, n, 0, d.v.D, stream);
-        d.flush(sk, sv, n, 0, static_cast<int>(n / r), stream);
-      }
+    if (live == 0 && S - t >= r) {  // whole windows straight from the input, in its type (one launch a side)
+      const std::int64_t n = (S - t) / r * r;
+      d.flush(keys, values, dtype, S, t, static_cast<int>(n / r), stream);
       d.offset += n;
       t += n;
       continue;
@@ -618,7 +584,7 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
     }
     d.offset += n;
     t += n;
-    if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, r, 0, 1, stream);
+    if (d.offset - d.q_end == r) d.flush(d.k.tail, d.v.tail, DType::f16, r, 0, 1, stream);
   }
   d.tokens_seen += S;
   d.fp16_k += BH * S * d.k.D * 2;

@@ -4,6 +4,8 @@
 // which nvcc never contracts into FMAs; the spec's correctly rounded
 // quotient (x - lo) / scale is formed without a division (quotient_rn,
 // checked against the host's division in tests/test_cuda.cpp).
+#include <cuda_bf16.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -111,6 +113,15 @@ __device__ __forceinline__ float sq_error(float code, float x, float lo, float s
   return __fmul_rn(d, d);
 }
 
+// Element i of the flush's input rounded to fp16 (to nearest, ties to even: the value the host
+// conversion, and convert.cu's kernel for the tail, give), as float.
+__device__ __forceinline__ float src_as_half(const FlushParams& f, std::int64_t i) {
+  if (f.src_type == kTypeF16) return __half2float(f.src[i]);
+  const float x = f.src_type == kTypeBF16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(f.src)[i])
+                                          : reinterpret_cast<const float*>(f.src)[i];
+  return __half2float(__float2half_rn(x));
+}
+
 __global__ void perm_kernel(const FlushParams f, DevSide s) {
   extern __shared__ float rg[];
   const int h = blockIdx.x, D = s.D;
@@ -118,7 +129,7 @@ __global__ void perm_kernel(const FlushParams f, DevSide s) {
     float mn = INFINITY, mx = -INFINITY;
     for (int b = 0; b < f.B; ++b)
       for (int t = 0; t < f.window; ++t) {
-        const float x = __half2float(f.src[((static_cast<std::int64_t>(b) * f.H + h) * f.src_tokens + f.first + t) * D + c]);
+        const float x = src_as_half(f, ((static_cast<std::int64_t>(b) * f.H + h) * f.src_tokens + f.first + t) * D + c);
         mn = fminf(mn, x);
         mx = fmaxf(mx, x);
       }
@@ -711,7 +722,12 @@ struct FlushGrid {
 // NA: the number of clip factors; BITS: the side's code width; kChoose: with
 // the search, every factor's codes by thresholds (1 and 2 bits, groups of 64
 // or more slots; at 32 five factors' thresholds cost more than they save).
-template <int NA, int BITS, bool kChoose = false>
+// kSrc: the input's element type (FlushParams::src_type). bf16 and fp32 rows
+// are rounded to fp16 as they are staged, eight channels a thread (one or two
+// 16-byte loads where the rows allow, else one element at a time), so that
+// the staged rows, and everything after them, are those of the fp16 rows the
+// host conversion gives; no fp16 copy of the input is ever written.
+template <int NA, int BITS, bool kChoose = false, int kSrc = kTypeF16>
 __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(const FlushParams f, DevSide s, int R, FlushGrid fg) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int D = s.D, G = s.G, g = f.group, bits = BITS, P = G * g;
@@ -732,13 +748,46 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
   const std::int64_t slot = f.slot0 + c;
   const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
   const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
-  const bool d128 = aligned && D == 128 && L.stride == kStride128 && nt == 128;
+  const bool d128 = kSrc == kTypeF16 && aligned && D == 128 && L.stride == kStride128 && nt == 128;
   StageD128<kStride128> stage(src, nr);
   if (d128) stage.template load<0>();
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
   const int vpr = max(1, D / 8);  // 16-byte vectors per row
-  if (d128) {
+  if constexpr (kSrc != kTypeF16) {
+    using T = std::conditional_t<kSrc == kTypeBF16, __nv_bfloat16, float>;
+    constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements a 16-byte load
+    const T* srt = reinterpret_cast<const T*>(f.src) + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
+    const bool vec = (reinterpret_cast<std::uintptr_t>(srt) & 15) == 0 && D % 8 == 0;
+    for (int i = tid; i < nr * vpr; i += nt) {  // (row, 8-channel column) pairs, consecutive threads along a row
+      const int r = i / vpr, c8 = (i - r * vpr) * 8;
+      const T* x = srt + static_cast<std::int64_t>(r) * D + c8;
+      float v[8];
+      if (vec) {
+#pragma unroll
+        for (int u = 0; u < 8 / kPer; ++u) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(x) + u);
+          const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+          for (int k = 0; k < kPer; ++k) {
+            if constexpr (kSrc == kTypeBF16) v[u * kPer + k] = __bfloat162float(e[k]);
+            else v[u * kPer + k] = e[k];
+          }
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          if (c8 + k >= D) break;
+          if constexpr (kSrc == kTypeBF16) v[k] = __bfloat162float(x[k]);
+          else v[k] = x[k];
+        }
+      }
+      __half* row = rows + r * L.stride;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (c8 + k < D) row[inv[c8 + k]] = __float2half_rn(v[k]);
+    }
+  } else if (d128) {
     stage.finish(rows, inv);
   } else if (aligned && D % 8 == 0 && nt % vpr == 0) {
     // Each thread keeps to one 8-channel column (its slots in registers) and
@@ -999,14 +1048,26 @@ void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
                          FastDiv(static_cast<std::uint32_t>(f.H))};
     kernel<<<static_cast<unsigned>(blocks), R, L.bytes, stream>>>(f, side, R, fg);
   };
+  auto by_src = [&](auto na, auto bits, auto choose) {
+    constexpr int NA = decltype(na)::value, BITS = decltype(bits)::value;
+    constexpr bool kChoose = decltype(choose)::value;
+    switch (f.src_type) {
+      case kTypeF16: return launch(quant_kernel<NA, BITS, kChoose, kTypeF16>);
+      case kTypeBF16: return launch(quant_kernel<NA, BITS, kChoose, kTypeBF16>);
+      case kTypeF32: return launch(quant_kernel<NA, BITS, kChoose, kTypeF32>);
+      default: throw Error("skvq: the GPU flush has no kernel for input type " + std::to_string(f.src_type));
+    }
+  };
   auto by_bits = [&](auto na) {
     constexpr int NA = decltype(na)::value;
     const bool choose = NA > 1 && f.group >= 64;  // quant_kernel's kChoose
+    using Yes = std::true_type;
+    using No = std::false_type;
     switch (side.bits) {
-      case 1: choose ? launch(quant_kernel<NA, 1, true>) : launch(quant_kernel<NA, 1>); break;
-      case 2: choose ? launch(quant_kernel<NA, 2, true>) : launch(quant_kernel<NA, 2>); break;
-      case 4: launch(quant_kernel<NA, 4>); break;
-      case 8: launch(quant_kernel<NA, 8>); break;
+      case 1: choose ? by_src(na, std::integral_constant<int, 1>{}, Yes{}) : by_src(na, std::integral_constant<int, 1>{}, No{}); break;
+      case 2: choose ? by_src(na, std::integral_constant<int, 2>{}, Yes{}) : by_src(na, std::integral_constant<int, 2>{}, No{}); break;
+      case 4: by_src(na, std::integral_constant<int, 4>{}, No{}); break;
+      case 8: by_src(na, std::integral_constant<int, 8>{}, No{}); break;
       default: throw Error("skvq: the GPU flush has no kernel for " + std::to_string(side.bits) + "-bit codes");
     }
   };

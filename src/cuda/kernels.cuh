@@ -35,6 +35,8 @@ void launch_tc(const AttnParams& p, cudaStream_t stream);
 // Flush parameters: n_chunks whole windows of fp16 rows read from `src`
 // ([B, H, src_tokens, D], token t of the window c at row first + c * window + t).
 struct FlushParams {
+  // [B * H][src_tokens][D] of src_type (typed as fp16: with `const void*` ptxas spilled more in the
+  // 8-bit flush kernel, 24 bytes against 4)
   const __half* src = nullptr;
   std::int64_t src_tokens = 0, first = 0;
   int n_chunks = 0;
@@ -50,6 +52,7 @@ struct FlushParams {
   // the clip search's errors summed exactly for every group (no certified
   // estimate first): SKVQ_CUDA_FLUSH=exact, for tests and benchmarks
   bool exact_search = false;
+  signed char src_type = kTypeF16;  // kTypeF16, kTypeBF16 (rounded to fp16 as they are read) or kTypeF32 (likewise)
 };
 
 // Rows [first, first + n) of each of rows_bh entries of src ([rows_bh][src_tokens][D], bf16 or fp32,
