@@ -32,11 +32,11 @@ bool tc_shape_ok(const AttnParams& p);
 void plan_tc(AttnParams& p, int requested_splits);
 void launch_tc(const AttnParams& p, cudaStream_t stream);
 
-// Flush parameters: n_chunks whole windows of fp16 rows read from `src`
-// ([B, H, src_tokens, D], token t of the window c at row first + c * window + t).
+// Flush parameters: n_chunks whole windows of rows read from `src` ([B, H, src_tokens, D] of
+// src_type, token t of the window c at row first + c * window + t).
 struct FlushParams {
-  // [B * H][src_tokens][D] of src_type (typed as fp16: with `const void*` ptxas spilled more in the
-  // 8-bit flush kernel, 24 bytes against 4)
+  // (typed as fp16 whatever src_type says: with `const void*` ptxas spilled more in the 8-bit
+  // flush kernel without the search, 24 bytes against 4)
   const __half* src = nullptr;
   std::int64_t src_tokens = 0, first = 0;
   int n_chunks = 0;
