@@ -1,6 +1,7 @@
 // CUDA helpers: every runtime call checked where it is made.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -62,6 +63,10 @@ void allow_smem(Kernel kernel, int smem) {
 
 // Metadata codes shared by kernels: 0 fp16, 1 fp32, 2 fp8 e4m3.
 __host__ __device__ inline int meta_code(int m) { return m; }
+
+// An input element as float (the bf16 and fp32 rows that append_device rounds to fp16).
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 __device__ inline float e4m3_to_float(unsigned char b) {
   const int e = (b >> 3) & 0xf, m = b & 7;

@@ -16,9 +16,6 @@ struct RowCopy {
   int D = 0;
 };
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
 // Eight channels a thread (D is a multiple of 16): loaded as 16-byte vectors where VEC (the source
 // rows 16-byte aligned), else one element at a time; stored as one 16-byte vector of fp16, each
 // value rounded to nearest even as the host conversion rounds it.

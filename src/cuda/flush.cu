@@ -4,8 +4,6 @@
 // which nvcc never contracts into FMAs; the spec's correctly rounded
 // quotient (x - lo) / scale is formed without a division (quotient_rn,
 // checked against the host's division in tests/test_cuda.cpp).
-#include <cuda_bf16.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -117,7 +115,7 @@ __device__ __forceinline__ float sq_error(float code, float x, float lo, float s
 // conversion, and convert.cu's kernel for the tail, give), as float.
 __device__ __forceinline__ float src_as_half(const FlushParams& f, std::int64_t i) {
   if (f.src_type == kTypeF16) return __half2float(f.src[i]);
-  const float x = f.src_type == kTypeBF16 ? __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(f.src)[i])
+  const float x = f.src_type == kTypeBF16 ? to_float(reinterpret_cast<const __nv_bfloat16*>(f.src)[i])
                                           : reinterpret_cast<const float*>(f.src)[i];
   return __half2float(__float2half_rn(x));
 }
@@ -769,17 +767,13 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
           const uint4 w = __ldg(reinterpret_cast<const uint4*>(x) + u);
           const T* e = reinterpret_cast<const T*>(&w);
 #pragma unroll
-          for (int k = 0; k < kPer; ++k) {
-            if constexpr (kSrc == kTypeBF16) v[u * kPer + k] = __bfloat162float(e[k]);
-            else v[u * kPer + k] = e[k];
-          }
+          for (int k = 0; k < kPer; ++k) v[u * kPer + k] = to_float(e[k]);
         }
       } else {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
           if (c8 + k >= D) break;
-          if constexpr (kSrc == kTypeBF16) v[k] = __bfloat162float(x[k]);
-          else v[k] = x[k];
+          v[k] = to_float(x[k]);
         }
       }
       __half* row = rows + r * L.stride;
