@@ -1306,6 +1306,8 @@ TEST(Cuda, DeviceCallsTakeFp16Bf16AndFp32) {
       {gpu_config(64, 3, 32, 2, 2, MetaType::fp16), 128, 2, 4, {5, 200, 1, 64, 130, 300}},
       {gpu_config(64, 3, 128, 2, 2, MetaType::fp16), 128, 2, 4, {300, 1, 64, 130}},
       {gpu_config(128, 5, 128, 4, 4, MetaType::fp16), 128, 1, 8, {640, 7, 129}},
+      // windows of 200 rows: a flush block's 128 rows, then 72 (8-bit keys: the staging in 8-byte units)
+      {gpu_config(200, 2, 64, 8, 2, MetaType::fp16), 128, 1, 3, {450, 3, 201}},
       {small, 32, 1, 3, {70, 3, 200}},
       {eight, 64, 2, 2, {48, 5, 33}},
   };

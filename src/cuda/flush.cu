@@ -641,7 +641,10 @@ struct FlushLayout {
 // flight, and each value's store has its slot's address in a register and
 // the row's offset as an immediate (one STS a value, no address arithmetic).
 // The first batch is loaded before the slot map is built (its global reads
-// and barrier overlap the loads), the rest after.
+// and barrier overlap the loads), the rest after. T: the input's element
+// type; bf16 and fp32 values are rounded to fp16 pairs before their stores
+// (fp32: two loads a row, so half the rows a batch: 8 loads in flight for
+// every type).
 constexpr int kThreadsTarget = 128;  // threads (rows) a flush block at most
 constexpr int kStride128Words = 130;  // FlushLayout's row stride (halves) for P = 128, in words
 constexpr int kStride128Units = 132;  // and in 8-byte units
@@ -650,28 +653,43 @@ __device__ __forceinline__ void static_for(std::integer_sequence<int, I...>, F&&
   (f(std::integral_constant<int, I>{}), ...);
 }
 
-template <int kStride128>
+template <int kStride128, typename T = __half>
 struct StageD128 {
-  static constexpr int kBatch = 8;                       // row passes (8 rows: 128 threads, 16 vectors a row) a batch of loads
+  static constexpr int kL = static_cast<int>(sizeof(T)) * 8 / 16;       // 16-byte loads a thread's 8 channels (2 for fp32)
+  static constexpr int kRow = 128 * static_cast<int>(sizeof(T)) / 16;  // 16-byte vectors a row
+  static constexpr int kBatch = 8 / kL;                  // row passes (8 rows: 128 threads, 16 columns) a batch of loads
   static constexpr int kPasses = kThreadsTarget / 8;     // a tile has at most kThreadsTarget rows
   static constexpr unsigned kPass = 8 * kStride128 * 2;  // bytes from a row to the thread's next
   const uint4* col;
   int r0, nr;
-  uint4 buf[kBatch];
-  __device__ __forceinline__ StageD128(const __half* src, int rows)
-      : col(reinterpret_cast<const uint4*>(src + (threadIdx.x % 16) * 8) + (threadIdx.x / 16) * 16), r0(threadIdx.x / 16), nr(rows) {}
+  uint4 buf[kBatch][kL];
+  __device__ __forceinline__ StageD128(const T* src, int rows)
+      : col(reinterpret_cast<const uint4*>(src + (threadIdx.x % 16) * 8) + (threadIdx.x / 16) * kRow), r0(threadIdx.x / 16), nr(rows) {}
   template <int K0>
   __device__ __forceinline__ void load() {
 #pragma unroll
     for (int u = 0; u < kBatch; ++u)
-      if (r0 + 8 * (K0 + u) < nr) buf[u] = __ldg(col + (K0 + u) * 8 * 16);
+      if (r0 + 8 * (K0 + u) < nr) {
+#pragma unroll
+        for (int l = 0; l < kL; ++l) buf[u][l] = __ldg(col + (K0 + u) * 8 * kRow + l);
+      }
   }
   template <int K0>
   __device__ __forceinline__ void store(const unsigned (&dst)[8]) {
     static_for(std::make_integer_sequence<int, kBatch>{}, [&](auto pass) {
       constexpr int u = decltype(pass)::value;
       if (r0 + 8 * (K0 + u) >= nr) return;
-      const unsigned w[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
+      unsigned w[4];  // the pass's 8 values as fp16 pairs (bf16 and fp32 rounded to nearest)
+      if constexpr (std::is_same_v<T, __half>) {
+        w[0] = buf[u][0].x, w[1] = buf[u][0].y, w[2] = buf[u][0].z, w[3] = buf[u][0].w;
+      } else {
+        const T* x = reinterpret_cast<const T*>(&buf[u][0]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const __half2 p = __floats2half2_rn(to_float(x[2 * i]), to_float(x[2 * i + 1]));
+          w[i] = *reinterpret_cast<const unsigned*>(&p);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         const unsigned short v = static_cast<unsigned short>(w[e / 2] >> (16 * (e % 2)));
@@ -721,8 +739,9 @@ struct FlushGrid {
 // the search, every factor's codes by thresholds (1 and 2 bits, groups of 64
 // or more slots; at 32 five factors' thresholds cost more than they save).
 // kSrc: the input's element type (FlushParams::src_type). bf16 and fp32 rows
-// are rounded to fp16 as they are staged, eight channels a thread (one or two
-// 16-byte loads where the rows allow, else one element at a time), so that
+// are rounded to fp16 as they are staged (at D = 128 by StageD128, as fp16
+// rows are; else eight channels a thread, by one or two 16-byte loads where
+// the rows allow, else one element at a time), so that
 // the staged rows, and everything after them, are those of the fp16 rows the
 // host conversion gives; no fp16 copy of the input is ever written.
 template <int NA, int BITS, bool kChoose = false, int kSrc = kTypeF16>
@@ -744,19 +763,21 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
   const int h = static_cast<int>(bh - fg.heads.div(static_cast<unsigned>(bh)) * fg.heads.d);
   const int t0 = rb * R, nr = min(R, f.window - t0);
   const std::int64_t slot = f.slot0 + c;
-  const __half* src = f.src + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
-  const bool aligned = (reinterpret_cast<std::uintptr_t>(src) & 15) == 0;
-  const bool d128 = kSrc == kTypeF16 && aligned && D == 128 && L.stride == kStride128 && nt == 128;
-  StageD128<kStride128> stage(src, nr);
+  using T = std::conditional_t<kSrc == kTypeF16, __half, std::conditional_t<kSrc == kTypeBF16, __nv_bfloat16, float>>;
+  const T* srt = reinterpret_cast<const T*>(f.src) + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
+  const __half* src = reinterpret_cast<const __half*>(srt);  // (read as such only for fp16 input)
+  const bool aligned = (reinterpret_cast<std::uintptr_t>(srt) & 15) == 0;
+  const bool d128 = aligned && D == 128 && L.stride == kStride128 && nt == 128;
+  StageD128<kStride128, T> stage(srt, nr);
   if (d128) stage.template load<0>();
   for (int j = tid; j < D; j += nt) inv[s.perm ? s.perm[h * D + j] : j] = static_cast<short>(j);
   __syncthreads();
   const int vpr = max(1, D / 8);  // 16-byte vectors per row
-  if constexpr (kSrc != kTypeF16) {
-    using T = std::conditional_t<kSrc == kTypeBF16, __nv_bfloat16, float>;
+  if (d128) {
+    stage.finish(rows, inv);
+  } else if constexpr (kSrc != kTypeF16) {
     constexpr int kPer = 16 / static_cast<int>(sizeof(T));  // elements a 16-byte load
-    const T* srt = reinterpret_cast<const T*>(f.src) + (bh * f.src_tokens + f.first + static_cast<std::int64_t>(c) * f.window + t0) * D;
-    const bool vec = (reinterpret_cast<std::uintptr_t>(srt) & 15) == 0 && D % 8 == 0;
+    const bool vec = aligned && D % 8 == 0;
     const int items = nr * vpr;  // (row, 8-channel column) pairs, consecutive threads along a row
     auto put = [&](int i, const float (&v)[8]) {
       const int r = i / vpr, c8 = (i - r * vpr) * 8;
@@ -767,7 +788,7 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
     };
     if (vec) {
       // kV pairs a thread at a time, all their loads issued before any is used (8 16-byte loads in
-      // flight, as StageD128 has; one at a time left the staging waiting on each: 1.4x fp16's time)
+      // flight, as StageD128 has)
       constexpr int kL = 8 / kPer, kV = 8 / kL;  // loads a pair; pairs at a time
       for (int i0 = tid; i0 < items; i0 += kV * nt) {
         uint4 w[kV][kL];
@@ -807,8 +828,6 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
       }
       put(i, v);
     }
-  } else if (d128) {
-    stage.finish(rows, inv);
   } else if (aligned && D % 8 == 0 && nt % vpr == 0) {
     // Each thread keeps to one 8-channel column (its slots in registers) and
     // has kV 16-byte loads in flight.
