@@ -6,7 +6,8 @@
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
-//        | --read-floor | --head-dims [D B T] | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
+//        | --read-floor | --head-dims [D B T] | --chunks (chunked prefill: S new rows after a history of T)
+//        | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -687,6 +688,54 @@ void dtypes_table(bool decode) {
   dtypes_prefill(st, types);
 }
 
+// Chunked prefill (--chunks): a chunk of S new tokens (fp16 rows on the device) appended to a
+// cache that holds a history of T tokens, then the attention of its S query rows (causal: row i
+// sees the history and the chunk's rows up to i) over the T + S tokens; Hq = 32, D = 128. The
+// append is timed on a fresh fork of the history's cache each time (the fork untimed); the
+// attention against the project's fp16 kernel over T + S fp16 tokens, same Sq. Medians.
+void chunks_table() {
+  std::printf("\n## Chunked prefill: S new tokens after a history of T (Hq = 32, D = 128; medians)\n\n");
+  std::printf("| B | Hkv | T | setting | S | append ms | attend ms | fp16 attend ms | fp16 / skvq attend | attend us a new row |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  constexpr std::int64_t kMaxS = 2048;
+  for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {8, 8, 32768}}) {
+    const std::size_t hist = static_cast<std::size_t>(B) * Hkv * T * 128, chunk = static_cast<std::size_t>(B) * Hkv * kMaxS * 128;
+    const std::size_t dense = static_cast<std::size_t>(B) * Hkv * (T + kMaxS) * 128;
+    __half *hk, *hv, *ck, *cv, *dk, *dv;
+    float *q, *out;
+    for (auto [p, n] : {std::pair{&hk, hist}, {&hv, hist}, {&ck, chunk}, {&cv, chunk}, {&dk, dense}, {&dv, dense}}) {
+      CHECK(cudaMalloc(p, n * 2));
+      random_half(*p, n, static_cast<std::uint32_t>(n % 997));
+    }
+    const std::size_t qn = static_cast<std::size_t>(B) * 32 * kMaxS * 128;
+    CHECK(cudaMalloc(&q, qn * 4));
+    CHECK(cudaMalloc(&out, qn * 4));
+    fill_random_f32<<<256, 256>>>(q, qn, 7);
+    for (int si : {0, 1}) {
+      const Setting& st = kSettings[si];
+      cuda::DeviceCache base(make_config(st), B, Hkv, 128, T);
+      base.append_device(hk, hv, T);
+      CHECK(cudaDeviceSynchronize());
+      for (std::int64_t S : {16, 128, 512, 2048}) {
+        std::unique_ptr<cuda::DeviceCache> c;
+        // (the chunk's rows [B, Hkv, S, 128]: the first B * Hkv * S rows of the chunk buffer)
+        const double app = time_ms(5, [&] { c->append_device(ck, cv, S); },
+                                   [&] { c = std::make_unique<cuda::DeviceCache>(base, T + S, 1); });
+        const double att = time_ms(10, [&] { c->attend_device(q, 32, S, 0.088f, out); });
+        const double f16 = time_ms(10, [&] { cuda::attend_dense_fp16(q, dk, dv, out, B, 32, Hkv, S, T + S, 128, 128, 0.088f); });
+        std::printf("| %d | %d | %lld | %s | %lld | %.3f | %.3f | %.3f | %.2f | %.2f |\n", B, Hkv, static_cast<long long>(T), st.name,
+                    static_cast<long long>(S), app, att, f16, f16 / att, att * 1e3 / static_cast<double>(S));
+        std::printf("RESULT chunk B=%d Hkv=%d T=%lld setting=%s S=%lld append_ms=%.5f attend_ms=%.5f fp16_ms=%.5f\n", B, Hkv,
+                    static_cast<long long>(T), st.name, static_cast<long long>(S), app, att, f16);
+        std::fflush(stdout);
+      }
+    }
+    for (void* p : {static_cast<void*>(hk), static_cast<void*>(hv), static_cast<void*>(ck), static_cast<void*>(cv),
+                    static_cast<void*>(dk), static_cast<void*>(dv), static_cast<void*>(q), static_cast<void*>(out)})
+      CHECK(cudaFree(p));
+  }
+}
+
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
 // of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
 // (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
@@ -977,6 +1026,10 @@ int main(int argc, char** argv) {
   }
   if (argc == 2 && (std::strcmp(argv[1], "--dtypes") == 0 || std::strcmp(argv[1], "--dtypes-prefill") == 0)) {
     dtypes_table(std::strcmp(argv[1], "--dtypes") == 0);
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--chunks") == 0) {
+    chunks_table();
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

@@ -45,7 +45,29 @@ def graph_ms(layers, reps, layer):
     return median_ms(g.replay, reps) / layers
 
 
+def chunks():
+    """--chunks: the query rows of a chunk of S new tokens over the T + S keys and values
+    (bench_cuda --chunks' shapes), flash backend, one call between two events. Not causal:
+    PyTorch's is_causal aligns the mask to the top left when S < T + S, so every row attends
+    to all T + S keys here; the causal rows would skip at most S / 2 of them on average."""
+    dev = torch.device("cuda")
+    for B, Hkv, T in [(1, 8, 32768), (1, 8, 131072), (8, 8, 32768)]:
+        for S in [16, 128, 512, 2048]:
+            q = torch.randn(B, 32, S, 128, dtype=torch.float16, device=dev)
+            k = torch.randn(B, Hkv, T + S, 128, dtype=torch.float16, device=dev)
+            v = torch.randn_like(k)
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                ms = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), 10)
+            print(f"RESULT chunk kernel=torch_flash B={B} Hkv={Hkv} T={T} S={S} ms={ms:.5f}")
+            sys.stdout.flush()
+            del q, k, v
+            torch.cuda.empty_cache()
+
+
 def main():
+    if "--chunks" in sys.argv:
+        chunks()
+        return
     quick = "--quick" in sys.argv
     dev = torch.device("cuda")
     n = 4 << 30

@@ -49,6 +49,7 @@ job tests_noshort env SKVQ_CUDA_TMMA_SHORT=0 "$tests" --gtest_filter='Cuda*'
 job tests_nobalance env SKVQ_CUDA_BALANCE=0 "$tests" --gtest_filter='Cuda*'
 job tests_balance64 env SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$tests" --gtest_filter='Cuda*'
 job tests_notail env SKVQ_CUDA_TAIL=0 "$tests" --gtest_filter='Cuda*'
+job tests_immagroups env SKVQ_CUDA_IMMA_GROUPS=2 "$tests" --gtest_filter='Cuda*'
 job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
 job tests_exact env SKVQ_CUDA_FLUSH=exact "$tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
 job tests_nopdl env SKVQ_CUDA_PDL=0 "$tests" --gtest_filter='Cuda*'
@@ -78,6 +79,7 @@ summary "GPU tests, 4-bit codes through the three-stage ring (SKVQ_CUDA_TMMA_SHO
 summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" tests_nobalance
 summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64
 summary "GPU tests, no small chunks at the end of a head's tiles (SKVQ_CUDA_TAIL=0)" tests_notail
+summary "GPU tests, two groups of 8 query rows a launch of the integer tensor-core kernel (SKVQ_CUDA_IMMA_GROUPS=2)" tests_immagroups
 summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients
 summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact
 summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl

@@ -1305,7 +1305,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   constexpr unsigned kMaskV = ((1u << VB) - 1u) * 0x01010101u;
   static_assert(VB >= 2, "value n-tiles need 8 bytes per group");
   const FastLayout<kFastTile> lay(p);
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // blockIdx.z: the batch entry, then the block's group of kImmaRows query rows after row0 (one
+  // launch takes many groups: launch_fast_rows)
+  const int split = blockIdx.x, h = blockIdx.y, b = static_cast<int>(blockIdx.z % static_cast<unsigned>(p.B));
+  row0 += static_cast<int>(blockIdx.z / static_cast<unsigned>(p.B)) * kImmaRows;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
@@ -2754,6 +2757,14 @@ int fast_ring_bytes(const AttnParams& p) {
   return tmma_ring_stages(tmma_pair(p), tmma_short(p)) * FastLayout<kFastTile>(p).stage;
 }
 
+// Groups of kImmaRows query rows that one launch of the integer tensor-core kernel takes: a grid's
+// z dimension (B times the groups) holds at most 65535. SKVQ_CUDA_IMMA_GROUPS=N caps it at N
+// (tests: several launches from a few rows).
+int imma_launch_groups(int B) {
+  static const int cap = env_int("SKVQ_CUDA_IMMA_GROUPS", 65535);
+  return std::max(1, std::min(cap, 65535 / std::max(B, 1)));
+}
+
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
   switch (body_kernel(p)) {
@@ -2848,6 +2859,21 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int n_rows = p.query_rows();
   const dim3 grid(splits, p.Hkv, p.B);
   const int smem = fast_ring_bytes(p);
+  if (body_kernel(p) == Body::imma) {
+    // Every group of kImmaRows rows in one launch (blockIdx.z = group * B + b), at most
+    // imma_launch_groups(p.B) groups a launch: the groups' blocks stream the tiles side by side
+    // (one launch a group ran them one after another, each a short grid: a prefill chunk cost
+    // about a decode step a query position).
+    const int groups = (n_rows + kImmaRows - 1) / kImmaRows, per = imma_launch_groups(p.B);
+    with_fast_kernel<KB, VB>(p, kImmaRows, [&](auto kernel) {
+      allow_smem(kernel, smem);
+      for (int g0 = 0; g0 < groups; g0 += per) {
+        const int ng = std::min(per, groups - g0);
+        launch_body(kernel, dim3(splits, p.Hkv, static_cast<unsigned>(p.B * ng)), smem, stream, p, g0 * kImmaRows);
+      }
+    });
+    return;
+  }
   AttnParams lp = p;  // each launch its own claim counters (balanced claiming)
   for (int row = 0; row < n_rows;) {
     const int nq = fast_rows_per_launch(p, n_rows - row);
@@ -2929,7 +2955,10 @@ std::int64_t fast_slots(const AttnParams& p) {
 int choose_fast_splits(const AttnParams& p, int requested) {
   if (requested > 0) return requested;
   const std::int64_t slots = fast_slots(p);
-  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv;
+  // (the integer tensor-core kernel takes all its groups of query rows in one grid: each counts as
+  // a head of its own)
+  const std::int64_t row_groups = body_kernel(p) == Body::imma ? (p.query_rows() + kImmaRows - 1) / kImmaRows : 1;
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv * row_groups;
   static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
   if (fill_rule) return fill_split_count(heads, p.q_end / kFastTile, slots);
   return cached_split_count(heads, (p.q_end + kFastTile - 1) / kFastTile, slots);
