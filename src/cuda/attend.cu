@@ -2764,6 +2764,8 @@ int imma_launch_groups(int B) {
   static const int cap = env_int("SKVQ_CUDA_IMMA_GROUPS", 65535);
   return std::max(1, std::min(cap, 65535 / std::max(B, 1)));
 }
+// The groups of kImmaRows query rows of a call (all of them side by side: launch_fast_rows).
+int imma_row_groups(const AttnParams& p) { return (p.query_rows() + kImmaRows - 1) / kImmaRows; }
 
 // Query rows the pipelined kernel takes per launch when `left` rows remain.
 int fast_rows_per_launch(const AttnParams& p, int left) {
@@ -2864,7 +2866,7 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
     // imma_launch_groups(p.B) groups a launch: the groups' blocks stream the tiles side by side
     // (one launch a group ran them one after another, each a short grid: a prefill chunk cost
     // about a decode step a query position).
-    const int groups = (n_rows + kImmaRows - 1) / kImmaRows, per = imma_launch_groups(p.B);
+    const int groups = imma_row_groups(p), per = imma_launch_groups(p.B);
     with_fast_kernel<KB, VB>(p, kImmaRows, [&](auto kernel) {
       allow_smem(kernel, smem);
       for (int g0 = 0; g0 < groups; g0 += per) {
@@ -2957,7 +2959,7 @@ int choose_fast_splits(const AttnParams& p, int requested) {
   const std::int64_t slots = fast_slots(p);
   // (the integer tensor-core kernel takes all its groups of query rows in one grid: each counts as
   // a head of its own)
-  const std::int64_t row_groups = body_kernel(p) == Body::imma ? (p.query_rows() + kImmaRows - 1) / kImmaRows : 1;
+  const std::int64_t row_groups = body_kernel(p) == Body::imma ? imma_row_groups(p) : 1;
   const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv * row_groups;
   static const bool fill_rule = env_switch("SKVQ_CUDA_SPLIT_RULE") == "fill";
   if (fill_rule) return fill_split_count(heads, p.q_end / kFastTile, slots);
