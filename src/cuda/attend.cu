@@ -2757,13 +2757,6 @@ int fast_ring_bytes(const AttnParams& p) {
   return tmma_ring_stages(tmma_pair(p), tmma_short(p)) * FastLayout<kFastTile>(p).stage;
 }
 
-// Groups of kImmaRows query rows that one launch of the integer tensor-core kernel takes: a grid's
-// z dimension (B times the groups) holds at most 65535. SKVQ_CUDA_IMMA_GROUPS=N caps it at N
-// (tests: several launches from a few rows).
-int imma_launch_groups(int B) {
-  static const int cap = env_int("SKVQ_CUDA_IMMA_GROUPS", 65535);
-  return std::max(1, std::min(cap, 65535 / std::max(B, 1)));
-}
 // The groups of kImmaRows query rows of a call (all of them side by side: launch_fast_rows).
 int imma_row_groups(const AttnParams& p) { return (p.query_rows() + kImmaRows - 1) / kImmaRows; }
 
@@ -2863,10 +2856,10 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
   const int smem = fast_ring_bytes(p);
   if (body_kernel(p) == Body::imma) {
     // Every group of kImmaRows rows in one launch (blockIdx.z = group * B + b), at most
-    // imma_launch_groups(p.B) groups a launch: the groups' blocks stream the tiles side by side
+    // row_groups_a_launch(p.B) groups a launch: the groups' blocks stream the tiles side by side
     // (one launch a group ran them one after another, each a short grid: a prefill chunk cost
     // about a decode step a query position).
-    const int groups = imma_row_groups(p), per = imma_launch_groups(p.B);
+    const int groups = imma_row_groups(p), per = row_groups_a_launch(p.B);
     with_fast_kernel<KB, VB>(p, kImmaRows, [&](auto kernel) {
       allow_smem(kernel, smem);
       for (int g0 = 0; g0 < groups; g0 += per) {

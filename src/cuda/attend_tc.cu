@@ -296,7 +296,10 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   extern __shared__ float sm[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int team = warp / H, half = warp % H;
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // blockIdx.z: the batch entry, then the block's group of kRows query rows after row0 (one launch
+  // takes many groups: launch_tc_rows)
+  const int split = blockIdx.x, h = blockIdx.y, b = static_cast<int>(blockIdx.z % static_cast<unsigned>(p.B));
+  row0 += static_cast<int>(blockIdx.z / static_cast<unsigned>(p.B)) * kRows;
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
 
   // query row g of the launch's rows (row0 + g): q in the keys' permuted order, placed as the A
@@ -527,13 +530,19 @@ constexpr int tc_smem() {
   return (teams * kRows * (2 + D) + exchange) * static_cast<int>(sizeof(float));
 }
 
+// Groups of kRows query rows in a call.
+int tc_row_groups(const AttnParams& p) { return (p.query_rows() + kRows - 1) / kRows; }
+
 template <int D, int KB, int VB, int META, int GS>
 void launch_tc_rows(const AttnParams& p, cudaStream_t stream) {
-  const dim3 grid(p.body_splits, p.Hkv, p.B);
   const auto kernel = tc_kernel<KB, VB, META, D, GS>;
   allow_smem(kernel, tc_smem<D>());
-  for (int row = 0; row < p.query_rows(); row += kRows) {
-    kernel<<<grid, kThreads, tc_smem<D>(), stream>>>(p, row);
+  // every group of kRows query rows in one launch (blockIdx.z = group * B + b; at most
+  // row_groups_a_launch(B) groups a launch), as the tuned path's integer tensor-core kernel
+  const int groups = tc_row_groups(p), per = row_groups_a_launch(p.B);
+  for (int g0 = 0; g0 < groups; g0 += per) {
+    const int ng = std::min(per, groups - g0);
+    kernel<<<dim3(p.body_splits, p.Hkv, static_cast<unsigned>(p.B * ng)), kThreads, tc_smem<D>(), stream>>>(p, g0 * kRows);
     SKVQ_CUDA_LAUNCH_CHECK();
   }
 }
@@ -614,7 +623,8 @@ void plan_tc(AttnParams& p, int requested_splits) {
   with_tc_kernel(p, [&](auto d, auto k, auto v, auto meta, auto gs) {
     per_sm = tc_blocks_per_sm<decltype(d)::value, decltype(k)::value, decltype(v)::value, decltype(meta)::value, decltype(gs)::value>();
   });
-  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv, slots = static_cast<std::int64_t>(per_sm) * sms;
+  // (each group of kRows query rows counts as a head: launch_tc_rows takes them side by side)
+  const std::int64_t heads = static_cast<std::int64_t>(p.B) * p.Hkv * tc_row_groups(p), slots = static_cast<std::int64_t>(per_sm) * sms;
   std::int64_t splits = requested_splits;
   if (splits <= 0) {
     splits = std::max<std::int64_t>(1, slots / heads);

@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -36,6 +37,15 @@ inline std::string env_switch(const char* name) {
 inline int env_int(const char* name, int fallback) {
   const std::string s = env_switch(name);
   return s.empty() ? fallback : std::atoi(s.c_str());
+}
+
+// Groups of query rows that one launch of an attention kernel taking its group from blockIdx.z
+// (z = group * B + b: attend.cu's integer tensor-core kernel, attend_tc.cu's kernel) holds: a grid's
+// z dimension holds at most 65535. SKVQ_CUDA_IMMA_GROUPS=N caps it at N (tests: several launches
+// from a few rows).
+inline int row_groups_a_launch(int B) {
+  static const int cap = env_int("SKVQ_CUDA_IMMA_GROUPS", 65535);
+  return std::max(1, std::min(cap, 65535 / std::max(B, 1)));
 }
 
 // Raises a kernel's function attribute to at least `value`: the runtime is
