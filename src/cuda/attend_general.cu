@@ -294,7 +294,10 @@ template <int KB, int VB, int META, int NQ, bool DENSE>
 __global__ void __launch_bounds__(kThreads) general_kernel(const AttnParams p, int row0, int tpt_log2, int exact_base) {
   extern __shared__ float sm[];  // maxima [groups][NQ], sums [groups][NQ], accumulators [groups][NQ][Dv]
   const int tpt = 1 << tpt_log2, n_groups = kThreads >> tpt_log2;
-  const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  // blockIdx.z: the batch entry, then the block's group of NQ query rows after row0 (one launch
+  // takes every whole group of four: launch_general_rows)
+  const int split = blockIdx.x, h = blockIdx.y, b = static_cast<int>(blockIdx.z % static_cast<unsigned>(p.B));
+  row0 += static_cast<int>(blockIdx.z / static_cast<unsigned>(p.B)) * NQ;
   const int lane = threadIdx.x & (tpt - 1), grp = threadIdx.x >> tpt_log2;
   const int D = p.D, Dv = p.Dv, G = p.Hq / p.Hkv, n_rows = p.query_rows();
   const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
@@ -379,18 +382,20 @@ void launch_general_rows(const AttnParams& p, cudaStream_t stream, int exact_bas
   const int n_rows = p.query_rows();
   int tpt_log2 = 0;  // lanes a token: a power of two with kC of them covering both rows
   while ((kC << tpt_log2) < std::max(p.D, p.Dv)) ++tpt_log2;
-  auto launch = [&](auto kernel, int nq, int row) {
+  auto launch = [&](auto kernel, int nq, int row, int groups) {
     const int smem = (kThreads >> tpt_log2) * nq * (2 + p.Dv) * static_cast<int>(sizeof(float));
     allow_smem(kernel, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(p, row, tpt_log2, exact_base);
+    kernel<<<dim3(grid.x, grid.y, grid.z * static_cast<unsigned>(groups)), kThreads, smem, stream>>>(p, row, tpt_log2, exact_base);
     SKVQ_CUDA_LAUNCH_CHECK();
   };
-  for (int row = 0; row < n_rows;) {
-    const int left = n_rows - row;
-    const int nq = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    if (nq == 4) launch(general_kernel<KB, VB, META, 4, DENSE>, 4, row);
-    else if (nq == 2) launch(general_kernel<KB, VB, META, 2, DENSE>, 2, row);
-    else launch(general_kernel<KB, VB, META, 1, DENSE>, 1, row);
+  // the whole groups of four rows side by side, row_groups_a_launch(B) of them a launch; then the
+  // two or one left
+  const int fours = n_rows / 4, per = row_groups_a_launch(p.B);
+  for (int g0 = 0; g0 < fours; g0 += per) launch(general_kernel<KB, VB, META, 4, DENSE>, 4, 4 * g0, std::min(per, fours - g0));
+  for (int row = 4 * fours; row < n_rows;) {
+    const int nq = n_rows - row >= 2 ? 2 : 1;
+    if (nq == 2) launch(general_kernel<KB, VB, META, 2, DENSE>, 2, row, 1);
+    else launch(general_kernel<KB, VB, META, 1, DENSE>, 1, row, 1);
     row += nq;
   }
 }
