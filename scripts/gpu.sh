@@ -39,7 +39,7 @@ job() {  # job NAME COMMAND...: COMMAND in the background, its output into $out/
 tests="$bin/skvq_tests"
 sanitize=(compute-sanitizer --error-exitcode 3 --tool)
 job tests "$tests" --gtest_filter='Cuda*:Attend*:SpecCases*'
-for m in fast rs imma tmma general; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
+for m in fast rs imma tmma general chunk; do job "tests_$m" env SKVQ_CUDA_BODY=$m "$tests" --gtest_filter='Cuda*'; done
 job tests_general_float env SKVQ_CUDA_GENERAL=float "$tests" --gtest_filter='Cuda*'
 job tests_general_float_all env SKVQ_CUDA_GENERAL=float SKVQ_CUDA_BODY=general "$tests" --gtest_filter='Cuda*'
 job tests_tmma_noone env SKVQ_CUDA_BODY=tmma SKVQ_CUDA_TMMA_ONE=0 "$tests" --gtest_filter='Cuda*'
@@ -50,6 +50,7 @@ job tests_nobalance env SKVQ_CUDA_BALANCE=0 "$tests" --gtest_filter='Cuda*'
 job tests_balance64 env SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma "$tests" --gtest_filter='Cuda*'
 job tests_notail env SKVQ_CUDA_TAIL=0 "$tests" --gtest_filter='Cuda*'
 job tests_immagroups env SKVQ_CUDA_IMMA_GROUPS=2 "$tests" --gtest_filter='Cuda*'
+job tests_nochunk env SKVQ_CUDA_CHUNK_ROWS=0 "$tests" --gtest_filter='Cuda.Chunked*'
 job tests_quotients env SKVQ_CUDA_FLUSH=quotients "$tests" --gtest_filter='Cuda.Flush*'
 job tests_exact env SKVQ_CUDA_FLUSH=exact "$tests" --gtest_filter='Cuda.Flush*:Cuda.*Spec*'
 job tests_nopdl env SKVQ_CUDA_PDL=0 "$tests" --gtest_filter='Cuda*'
@@ -67,7 +68,7 @@ summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt 
   grep -E "${3:-Failure|FAILED|PASSED}" "$out/$2.txt" | head -n "${4:-10}"
 }
 summary "GPU tests" tests "Failure|FAILED|Expected|Which is|evaluates|PASSED|SKIPPED \]" 30
-for m in fast rs imma tmma general; do
+for m in fast rs imma tmma general chunk; do
   summary "GPU tests, every packed body through one kernel (SKVQ_CUDA_BODY=$m)" "tests_$m"
 done
 summary "GPU tests, the general path's float kernel for every token (SKVQ_CUDA_GENERAL=float)" tests_general_float
@@ -80,6 +81,7 @@ summary "GPU tests, each block its own split's tiles (SKVQ_CUDA_BALANCE=0)" test
 summary "GPU tests, tiles shared in chunks of 2 (SKVQ_CUDA_BALANCE=64 SKVQ_CUDA_BODY=tmma)" tests_balance64
 summary "GPU tests, no small chunks at the end of a head's tiles (SKVQ_CUDA_TAIL=0)" tests_notail
 summary "GPU tests, two groups of 8 query rows a launch of the integer tensor-core kernel (SKVQ_CUDA_IMMA_GROUPS=2)" tests_immagroups
+summary "GPU tests, chunks without the chunk kernel (SKVQ_CUDA_CHUNK_ROWS=0)" tests_nochunk
 summary "GPU flush tests, 4- and 8-bit codes by the exact quotient only (SKVQ_CUDA_FLUSH=quotients)" tests_quotients
 summary "GPU flush tests, the clip search's errors summed exactly for every group (SKVQ_CUDA_FLUSH=exact)" tests_exact
 summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl

@@ -733,6 +733,56 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
   }
 }
 
+// Chunked prefill: chunks of new tokens appended after a packed history, then the causal attention
+// of all their query rows (Sq = the chunk) at once. From 32 rows a KV head the packed body goes
+// through the chunk kernel (attend_chunk.cu: 32 rows a block, the tile unpacked once a block);
+// fewer rows through the integer tensor-core kernel. Chunks longer than the window put some of
+// their own tokens into the packed body, where each row's causal limit cuts its tiles; windows not
+// a multiple of 128 give tiles that span two windows; a ragged last block of rows, every metadata
+// mode, each value width, groups of 32, 64 and 128, reorder on and off, sinks and none.
+TEST(Cuda, ChunkedPrefillMatchesCpuReference) {
+  REQUIRE_GPU();
+  struct ChunkCase {
+    Config cfg;
+    std::int64_t B, H, history;
+    std::vector<std::int64_t> chunks;
+  };
+  const std::vector<ChunkCase> chunk_cases = {
+      {gpu_config(128, 4, 128, 2, 2, MetaType::fp16), 1, 2, 700, {40, 300}},
+      {gpu_config(64, 0, 32, 4, 4, MetaType::fp32), 2, 1, 400, {33, 130}},
+      {gpu_config(192, 5, 64, 8, 4, MetaType::fp8_e4m3), 1, 2, 500, {9, 250}},
+      {gpu_config(128, 3, 32, 4, 2, MetaType::fp16, false), 1, 1, 640, {129}},
+      {gpu_config(64, 2, 128, 8, 8, MetaType::fp16), 1, 2, 300, {70}},
+      {gpu_config(128, 4, 64, 2, 2, MetaType::fp32), 1, 1, 260, {200}},
+  };
+  std::uint32_t seed = 900;
+  for (const ChunkCase& c : chunk_cases) {
+    std::int64_t total = c.history;
+    for (std::int64_t n : c.chunks) total += n;
+    Tensor k = randn({c.B, c.H, total, 128}, seed++, DType::f16, true), v = randn({c.B, c.H, total, 128}, seed++, DType::f16);
+    SkvqCache cpu(c.cfg);
+    cuda::DeviceCache gpu(c.cfg, c.B, c.H, 128, total);
+    cpu.append(k.view().slice_tokens(0, c.history), v.view().slice_tokens(0, c.history));
+    gpu.append(k.view().slice_tokens(0, c.history), v.view().slice_tokens(0, c.history));
+    std::int64_t len = c.history;
+    for (std::int64_t n : c.chunks) {
+      cpu.append(k.view().slice_tokens(len, n), v.view().slice_tokens(len, n));
+      gpu.append(k.view().slice_tokens(len, n), v.view().slice_tokens(len, n));
+      len += n;
+      for (std::int64_t G : {1, 4}) {
+        Tensor q = randn({c.B, c.H * G, n, 128}, seed++, DType::f32);
+        const float scale = 1.0f / std::sqrt(128.0f);
+        const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
+        const Tensor got = gpu.attend(q.view(), scale);
+        expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), scale, got.view(), want.view(),
+                     "window " + std::to_string(c.cfg.window) + " K" + std::to_string(c.cfg.bits_key) + "V" +
+                         std::to_string(c.cfg.bits_value) + " g" + std::to_string(c.cfg.group_size) + " chunk " +
+                         std::to_string(n) + " after " + std::to_string(len - n) + " G " + std::to_string(G));
+      }
+    }
+  }
+}
+
 // Head dims other than 128 (keys and values each their own) and pairs of code widths outside the
 // tuned kernels' six go through the general-shape path (attend_general.cu); the flush is the same
 // kernel at every head dim. After every append each cache is the CPU cache bit for bit (codes,

@@ -32,6 +32,19 @@ bool tc_shape_ok(const AttnParams& p);
 void plan_tc(AttnParams& p, int requested_splits);
 void launch_tc(const AttnParams& p, cudaStream_t stream);
 
+// The chunk kernel (attend_chunk.cu): the packed body for many query rows a KV head (chunked
+// prefill), kChunkRows rows a block, through the pipelined kernels' tile ring; run_attention takes
+// it where body_kernel picks it (attend.cu). chunk_shape_ok: head dim 128, metadata groups of 32, 64
+// or 128, values of 2 to 8 bits among the tuned pairs of code widths. chunk_kernel: the kernel for
+// p's widths, metadata and group (nullptr where the shape is not taken), launched as the other
+// body kernels (grid (splits, Hkv, B x row groups), 128 threads, chunk_smem_bytes(p) of dynamic
+// shared memory, (p, first row)).
+using BodyKernelFn = void (*)(AttnParams, int);
+constexpr int kChunkRows = 32;
+bool chunk_shape_ok(const AttnParams& p);
+BodyKernelFn chunk_kernel(const AttnParams& p);
+int chunk_smem_bytes(const AttnParams& p);
+
 // Flush parameters: n_chunks whole windows of rows read from `src` ([B, H, src_tokens, D] of
 // src_type, token t of the window c at row first + c * window + t).
 struct FlushParams {

@@ -1,0 +1,374 @@
+// The chunk kernel (session 51): the packed body for many query rows a KV head at once (a chunked
+// prefill, long speculative checks), where attn_imma_kernel takes 8 rows a block and each block
+// unpacks every history token for itself.
+//
+// A block (4 warps) owns one (batch, kv head, split of the packed body) and 32 query rows, 8 a warp,
+// and streams the split's 128-token tiles through the same cp.async ring as the other pipelined
+// kernels (TileStream). Each tile is unpacked once a block into shared memory: key codes one byte
+// each, value codes as bf16 integers (exact: codes up to 255). Every warp then runs its 8 rows over
+// all 128 tokens of the tile from there (ldmatrix), so the unpacking is shared by 32 rows instead
+// of 8, and the loads of B fragments are the only per-warp cost a token:
+//   scores  int8 mma.sync m16n8k32 (exact int32 sums): A = q rounded to 16 bits against its row's
+//           max |q| (rows 0-7 the high bytes of the warp's query rows, rows 8-15 the low bytes), B =
+//           key codes; a token's score is sum over its key groups of ksc * step * (256 hi + lo) +
+//           klo * sum(q), the integer form of attn_imma_kernel (docs/numerics.md);
+//   values  bf16 mma.sync m16n8k16 (fp32 sums): A = the weights p * vsc of a value group as two bf16
+//           parts (rows 0-7 RN(u), rows 8-15 RN(u - RN(u)): u to within 2^-18 of itself, fp32's
+//           exponent range), B = value codes; sum(p * vlo) alongside in float, as attend_tc.cu.
+// Rows are independent of each other, so the warps need no merge: each writes its rows' partials.
+// The channel order inside the unpacked rows is free (q is placed to match; the values' order is
+// undone when the partials are written) and is chosen so that a 32-bit word of packed codes turns
+// into its unpacked bytes or bf16 pairs with one shift and one mask each.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels.cuh"
+#include "cuda/pipeline.cuh"
+
+namespace skvq::cuda {
+
+namespace {
+
+constexpr int kKsStride = kD + 16;  // bytes a row of unpacked key codes (144: ldmatrix rows on distinct banks)
+constexpr int kVsStride = kD + 8;   // bf16 a row of unpacked value codes (272 bytes: likewise)
+constexpr int kWarpRows = 8;        // query rows a warp (A rows 0-7, their low bytes 8-15)
+constexpr int kHalf = 64;           // tokens an online-softmax step (half a tile)
+static_assert(kChunkRows == kWarpRows * kThreads / 32, "8 rows a warp");
+
+// Unpacked key column c holds channel chunk_key_channel<KB>(c) of the packed (permuted) row: a
+// packed word of 4 PK codes becomes PK words, word k holding code k of each of its 4 bytes.
+template <int KB>
+__host__ __device__ constexpr int chunk_key_channel(int c) {
+  constexpr int PK = 8 / KB, W = 4 * PK;
+  const int r = c % W;
+  return c - r + PK * (r % 4) + r / 4;
+}
+// Unpacked value column c holds channel chunk_value_channel<VB>(c): a packed word of 32 / VB codes
+// becomes 16 / VB bf16 pairs, pair k holding codes k and 16 / VB + k (the word's halves); 8-bit
+// codes stay in order.
+template <int VB>
+__host__ __device__ constexpr int chunk_value_channel(int c) {
+  if (VB == 8) return c;
+  constexpr int W = 32 / VB, H = W / 2;
+  const int r = c % W;
+  return c - r + (r % 2) * H + r / 2;
+}
+
+__device__ __forceinline__ void ldsm_x4(const void* p, unsigned (&r)[4]) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(const void* p, unsigned (&r)[4]) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// u0, u1 as bf16 pairs hi = RN(u), lo = RN(u - hi) (low halves: u0).
+__device__ __forceinline__ void split_bf16(float u0, float u1, unsigned& hi, unsigned& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(u0, u1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(u0 - hf.x, u1 - hf.y);
+  hi = *reinterpret_cast<const unsigned*>(&h);
+  lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
+// The tile's key codes into Ks (one byte a code, chunk_key_channel order), all threads.
+template <int KB>
+__device__ __forceinline__ void unpack_keys(const unsigned char* kc, unsigned char* Ks) {
+  constexpr int PK = 8 / KB, KROW = 16 * KB, PARTS = KROW / 16;
+  constexpr unsigned kMask = ((1u << KB) - 1u) * 0x01010101u;
+#pragma unroll
+  for (int it = 0; it < kFastTile * PARTS / kThreads; ++it) {
+    const int c = threadIdx.x + it * kThreads, row = c / PARTS, part = c % PARTS;
+    const uint4 w = *reinterpret_cast<const uint4*>(kc + row * KROW + part * 16);
+    unsigned char* dst = Ks + row * kKsStride + part * 16 * PK;
+    if constexpr (PK == 1) {
+      *reinterpret_cast<uint4*>(dst) = w;
+    } else {
+      const unsigned in[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (PK == 4) {
+          *reinterpret_cast<uint4*>(dst + 16 * i) =
+              make_uint4(in[i] & kMask, (in[i] >> 2) & kMask, (in[i] >> 4) & kMask, (in[i] >> 6) & kMask);
+        } else {
+          *reinterpret_cast<uint2*>(dst + 8 * i) = make_uint2(in[i] & kMask, (in[i] >> 4) & kMask);
+        }
+      }
+    }
+  }
+}
+
+// The tile's value codes into Vs (bf16 integers, chunk_value_channel order), all threads.
+template <int VB>
+__device__ __forceinline__ void unpack_values(const unsigned char* vc, __nv_bfloat16* Vs) {
+  constexpr int VROW = 16 * VB, PARTS = VROW / 16, PV = 8 / VB;
+#pragma unroll
+  for (int it = 0; it < kFastTile * PARTS / kThreads; ++it) {
+    const int c = threadIdx.x + it * kThreads, row = c / PARTS, part = c % PARTS;
+    const uint4 w = *reinterpret_cast<const uint4*>(vc + row * VROW + part * 16);
+    const unsigned in[4] = {w.x, w.y, w.z, w.w};
+    unsigned* dst = reinterpret_cast<unsigned*>(Vs + row * kVsStride + part * 16 * PV);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (VB == 8) {  // bytes 2k, 2k + 1 through float (2^23 + byte, less 2^23: exact)
+        unsigned o[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float a = __uint_as_float(__byte_perm(in[i], 0x4B000000u, 0x7540u | (2 * k))) - 8388608.0f;
+          const float b = __uint_as_float(__byte_perm(in[i], 0x4B000000u, 0x7540u | (2 * k + 1))) - 8388608.0f;
+          const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+          o[k] = *reinterpret_cast<const unsigned*>(&h);
+        }
+        *reinterpret_cast<uint2*>(dst + 2 * i) = make_uint2(o[0], o[1]);
+      } else {  // pairs (k, H + k) as bf16 128 + code (0x4300 | code), less 128: exact
+        constexpr int H = 16 / VB;  // pairs a word
+        constexpr unsigned kMask2 = ((1u << VB) - 1u) * 0x00010001u;
+        const __nv_bfloat162 base = __floats2bfloat162_rn(128.0f, 128.0f);
+        unsigned o[H];
+#pragma unroll
+        for (int k = 0; k < H; ++k) {
+          const unsigned x = ((in[i] >> (VB * k)) & kMask2) | 0x43004300u;
+          const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), base);
+          o[k] = *reinterpret_cast<const unsigned*>(&d);
+        }
+#pragma unroll
+        for (int k = 0; k < H; k += 4) *reinterpret_cast<uint4*>(dst + H * i + k) = make_uint4(o[k], o[k + 1], o[k + 2], o[k + 3]);
+      }
+    }
+  }
+}
+
+template <int KB, int VB, int META, int GS>
+__global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParams p, int row0) {
+  start_body();
+  extern __shared__ __align__(16) unsigned char smem[];
+  static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
+  static_assert(VB >= 2, "bf16 value pairs");
+  constexpr int gshift = GS == 32 ? 0 : GS == 64 ? 1 : 2, spg = 1 << gshift;  // k-steps (32 channels) a group
+  constexpr int kgs = 2 - gshift;                                             // log2 of the groups a row
+  constexpr int NG = 1 << kgs;                                                // groups a row
+  constexpr int mb = meta_bytes<META>();
+  const FastLayout<kFastTile> lay(p);
+  unsigned char* ring = smem;
+  unsigned char* Ks = smem + kStages * lay.stage;
+  auto* Vs = reinterpret_cast<__nv_bfloat16*>(Ks + kFastTile * kKsStride);
+  // blockIdx.z: the batch entry, then the block's group of kChunkRows query rows after row0
+  const int split = blockIdx.x, h = blockIdx.y, b = static_cast<int>(blockIdx.z % static_cast<unsigned>(p.B));
+  row0 += static_cast<int>(blockIdx.z / static_cast<unsigned>(p.B)) * kChunkRows;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int G = p.Hq / p.Hkv, n_rows = p.query_rows();
+  const std::int64_t bh = static_cast<std::int64_t>(b) * p.Hkv + h;
+  const int* kperm = p.k.perm ? p.k.perm + h * kD : nullptr;
+  const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
+  tiles.start();
+
+  // q of this lane's row, rounded to 16 bits against the row's max |q| (attn_imma_kernel's form)
+  const int row = row0 + kWarpRows * warp + g;
+  const bool valid = row < n_rows;
+  const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
+  const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
+  const std::int64_t limit = valid ? p.kv_len - p.Sq + qi : -1;
+  unsigned qa[4][4];  // per k-step: a0 (row g, high), a1 (row g + 8, low), a2, a3 (k + 16)
+  float qstep, qsg[NG];
+  {
+    float qf[4][2][4], qmax = 0.0f, qs[4];
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      qs[ks] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int ch = chunk_key_channel<KB>(32 * ks + 16 * e + 4 * t + j);
+          qf[ks][e][j] = valid ? qrow[kperm ? kperm[ch] : ch] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
+          qmax = fmaxf(qmax, fabsf(qf[ks][e][j]));
+          qs[ks] += qf[ks][e][j];
+        }
+    }
+    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
+    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
+    qstep = q16_step(qmax);
+#pragma unroll
+    for (int kg = 0; kg < NG; ++kg) qsg[kg] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
+      qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
+      qsg[ks >> gshift] += qs[ks];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        unsigned hp = 0, lp = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          int hi, lo;
+          q16_split(qf[ks][e][j], qstep, hi, lo);
+          hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
+          lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
+        }
+        qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
+      }
+    }
+  }
+
+  // Online softmax of row g over the tokens of this lane (m shared by the row's 4 lanes, l this
+  // lane's share); acc[nt]: value n-tile nt (columns 8 nt + 2 t + i: [i] from the high weights,
+  // [2 + i] from the low ones); lacc[vg]: sum of p * vlo of value group vg over this lane's tokens.
+  float m = -INFINITY, l = 0.0f, acc[16][4], lacc[NG];
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int vg = 0; vg < NG; ++vg) lacc[vg] = 0.0f;
+
+  for (int tile = 0; tile < tiles.n_tiles; ++tile) {
+    const unsigned char* stage = tiles.acquire(tile);  // (its barrier: every warp is done with Ks, Vs)
+    unpack_keys<KB>(stage + lay.kc, Ks);
+    unpack_values<VB>(stage + lay.vc, Vs);
+    __syncthreads();
+    const std::int64_t t0 = tiles.first_token(tile);
+    const int live = tiles.live_rows(tile);  // rows past it hold stale bytes: masked, values zeroed
+    auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
+    const int lo = rel(p.sinks), hi = min(rel(limit), live - 1);
+
+    // the tile in two halves of 64 tokens (one online-softmax step each: fewer live registers)
+#pragma unroll 1
+    for (int half = 0; half < kFastTile / kHalf; ++half) {
+      const int h0 = half * kHalf;
+      // scores of tokens h0 + 8 nt + 2 t + i (C columns); B: keys of token h0 + 8 nt + g, by
+      // ldmatrix (lane l addresses row l % 8 of matrix l / 8: 16 bytes at column 16 (l / 8) of the
+      // k-step pair)
+      float s[kHalf / 8][2];
+#pragma unroll
+      for (int nt = 0; nt < kHalf / 8; ++nt) {
+        const unsigned char* kr = Ks + (h0 + 8 * nt + lane % 8) * kKsStride + 16 * (lane / 8);
+        unsigned kb[2][4];
+        ldsm_x4(kr, kb[0]);       // k-steps 0, 1
+        ldsm_x4(kr + 64, kb[1]);  // k-steps 2, 3
+        float sc[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int kg = 0; kg < NG; ++kg) {
+          int c[4] = {0, 0, 0, 0};
+#pragma unroll
+          for (int ks = kg * spg; ks < (kg + 1) * spg; ++ks) imma<true, false>(c, qa[ks], kb[ks / 2][2 * (ks % 2)], kb[ks / 2][2 * (ks % 2) + 1]);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int mo = (((h0 + 8 * nt + 2 * t + i) << kgs) + kg) * mb;
+            const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
+            sc[i] += fmaf(ksc * qstep, static_cast<float>(c[i] * 256 + c[2 + i]), klo * qsg[kg]);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int local = h0 + 8 * nt + 2 * t + i;
+          s[nt][i] = (local >= lo && local <= hi) ? sc[i] : -INFINITY;
+        }
+      }
+
+      float pw[kHalf / 8][2];
+      const float corr = softmax_step<kHalf / 8, 1, 2>(s, m, l, pw);
+      if (corr != 1.0f) {
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) acc[nt][0] *= corr, acc[nt][1] *= corr, acc[nt][2] *= corr, acc[nt][3] *= corr;
+#pragma unroll
+        for (int vg = 0; vg < NG; ++vg) lacc[vg] *= corr;
+      }
+
+      // values, 16 tokens (k) at a time: tokens h0 + 16 kt + 2 t + i (scores n-tile 2 kt) and
+      // h0 + 16 kt + 8 + 2 t + i (n-tile 2 kt + 1); B by ldmatrix.trans (lane l addresses token row
+      // l % 8 of the 8 + 8 tokens' half (l / 8) % 2, channels of n-tile 2 np + l / 16)
+#pragma unroll
+      for (int kt = 0; kt < kHalf / 16; ++kt) {
+#pragma unroll
+        for (int vg = 0; vg < NG; ++vg) {
+          float u[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int local = h0 + 16 * kt + 8 * (e / 2) + 2 * t + e % 2;
+            const int mo = ((local << kgs) + vg) * mb;
+            const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
+            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+            const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
+            const float pe = pw[2 * kt + e / 2][e % 2];
+            u[e] = pe * vs;
+            lacc[vg] = fmaf(pe, vl, lacc[vg]);
+          }
+          unsigned a[4];
+          split_bf16(u[0], u[1], a[0], a[1]);
+          split_bf16(u[2], u[3], a[2], a[3]);
+          const __nv_bfloat16* vr = Vs + (h0 + 16 * kt + 8 * ((lane / 8) % 2) + lane % 8) * kVsStride + 8 * (lane / 16);
+#pragma unroll
+          for (int np = vg * (GS / 16); np < (vg + 1) * (GS / 16); ++np) {
+            unsigned vb[4];
+            ldsm_x4_t(vr + 16 * np, vb);
+            mma_bf16(acc[2 * np], a, vb[0], vb[1]);
+            mma_bf16(acc[2 * np + 1], a, vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // each warp's rows are its own: their partials through shared memory (over the unpacked tiles)
+  l = quad_sum(l);
+#pragma unroll
+  for (int vg = 0; vg < NG; ++vg) lacc[vg] = quad_sum(lacc[vg]);
+  __shared__ float sm_m[kChunkRows], sm_l[kChunkRows];
+  __syncthreads();  // every warp is done with Ks and Vs
+  float* sm_acc = reinterpret_cast<float*>(Ks);  // [kChunkRows][kD]: 16 KB of the 52 KB
+  const int r = kWarpRows * warp + g;
+  if (t == 0) sm_m[r] = m, sm_l[r] = l;
+#pragma unroll
+  for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int col = 8 * nt + 2 * t + i;
+      sm_acc[r * kD + chunk_value_channel<VB>(col)] = acc[nt][i] + acc[nt][2 + i] + lacc[col / GS];
+    }
+  __syncthreads();
+  store_merged(p, b, h, row0, split, 1, kChunkRows, sm_m, sm_l, sm_acc, kD);
+}
+
+template <int KB, int VB, int META>
+BodyKernelFn chunk_by_group(int group) {
+  if (group == 32) return attn_chunk_kernel<KB, VB, META, 32>;
+  if (group == 64) return attn_chunk_kernel<KB, VB, META, 64>;
+  return attn_chunk_kernel<KB, VB, META, 128>;
+}
+template <int KB, int VB>
+BodyKernelFn chunk_by_meta(const AttnParams& p) {
+  if (p.meta == 0) return chunk_by_group<KB, VB, 0>(p.group);
+  if (p.meta == 1) return chunk_by_group<KB, VB, 1>(p.group);
+  return chunk_by_group<KB, VB, 2>(p.group);
+}
+
+}  // namespace
+
+bool chunk_shape_ok(const AttnParams& p) {
+  const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
+  const int kb = p.k.bits, vb = p.v.bits;
+  const bool bits = (kb == 2 && vb == 2) || (kb == 4 && vb == 4) || (kb == 8 && vb == 8) || (kb == 4 && vb == 2) ||
+                    (kb == 8 && vb == 4);
+  return groups && bits && p.D == kD && (p.Dv == 0 || p.Dv == kD);
+}
+
+BodyKernelFn chunk_kernel(const AttnParams& p) {
+  if (!chunk_shape_ok(p)) return nullptr;
+  const int kb = p.k.bits, vb = p.v.bits;
+  if (kb == 2) return chunk_by_meta<2, 2>(p);
+  if (kb == 4 && vb == 4) return chunk_by_meta<4, 4>(p);
+  if (kb == 4) return chunk_by_meta<4, 2>(p);
+  if (vb == 8) return chunk_by_meta<8, 8>(p);
+  return chunk_by_meta<8, 4>(p);
+}
+
+int chunk_smem_bytes(const AttnParams& p) {
+  return kStages * FastLayout<kFastTile>(p).stage + kFastTile * kKsStride + kFastTile * kVsStride * 2;
+}
+
+}  // namespace skvq::cuda
