@@ -15,6 +15,6 @@ done
 # the device call carries at most 64 MiB: stripped, then binaries and
 # libraries in one xz archive (about 37 MB), which scripts/gpu.sh unpacks
 strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
-tar -C .devrun -cf - skvq_tests bench_cuda bench_attend bench_cache lib | xz -T0 -6 > .devrun/devrun.tar.xz
+tar -C .devrun -cf - skvq_tests bench_cuda bench_attend bench_cache lib | xz -9e > .devrun/devrun.tar.xz
 rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
 du -sh .devrun

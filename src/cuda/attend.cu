@@ -150,14 +150,6 @@ __device__ __forceinline__ void load_exact(const __half* row, const int* perm, i
   }
 }
 
-// 4x4 byte transpose: y[b] holds byte b of w0, w1, w2, w3 (byte j from wj).
-__device__ __forceinline__ void transpose_bytes4x4(unsigned w0, unsigned w1, unsigned w2, unsigned w3, unsigned (&y)[4]) {
-  const unsigned ab0 = __byte_perm(w0, w1, 0x5140), ab1 = __byte_perm(w0, w1, 0x7362);
-  const unsigned cd0 = __byte_perm(w2, w3, 0x5140), cd1 = __byte_perm(w2, w3, 0x7362);
-  y[0] = __byte_perm(ab0, cd0, 0x5410), y[1] = __byte_perm(ab0, cd0, 0x7632);
-  y[2] = __byte_perm(ab1, cd1, 0x5410), y[3] = __byte_perm(ab1, cd1, 0x7632);
-}
-
 struct Where {
   int kind;  // 0 exact, 1 packed
   const __half* krow;
@@ -2310,12 +2302,15 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
 // four (grouped-query decode) through attn_tmma_kernel, more (wider groups,
 // prefill) through attn_imma_kernel, 8 rows a block, and from chunk_min_rows() rows through the
-// chunk kernel (attend_chunk.cu), 32 rows a block. SKVQ_CUDA_BODY=chunk forces the chunk kernel
+// chunk kernel (attend_chunk.cu), 64 rows a block. SKVQ_CUDA_BODY=chunk forces the chunk kernel
 // where its shapes allow.
 enum class Body { fast, imma, tmma, rs, chunk };
-// Query rows a KV head from which the chunk kernel takes the packed body by default (session 51:
-// measured, docs/performance.md "Chunked prefill"); SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
-constexpr int kChunkMinRows = 32;
+// Query rows a KV head from which the chunk kernel takes the packed body by default: a whole block
+// of kChunkRows (session 51, docs/performance.md "Chunked prefill (session 51)": at 64 rows, 1.1x
+// faster than the integer tensor-core kernel at K2V2 g128 and 1.35x at K4V4; below a block, its
+// idle rows cost what full ones do, where the other kernel's work shrinks by 8 rows at a time);
+// SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
+constexpr int kChunkMinRows = kChunkRows;
 int chunk_min_rows() {
   static const int n = env_int("SKVQ_CUDA_CHUNK_ROWS", kChunkMinRows);
   return n;

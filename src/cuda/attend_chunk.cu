@@ -2,23 +2,29 @@
 // prefill, long speculative checks), where attn_imma_kernel takes 8 rows a block and each block
 // unpacks every history token for itself.
 //
-// A block (4 warps) owns one (batch, kv head, split of the packed body) and 32 query rows, 8 a warp,
-// and streams the split's 128-token tiles through the same cp.async ring as the other pipelined
-// kernels (TileStream). Each tile is unpacked once a block into shared memory: key codes one byte
-// each, value codes as bf16 integers (exact: codes up to 255). Every warp then runs its 8 rows over
-// all 128 tokens of the tile from there (ldmatrix), so the unpacking is shared by 32 rows instead
-// of 8, and the loads of B fragments are the only per-warp cost a token:
-//   scores  int8 mma.sync m16n8k32 (exact int32 sums): A = q rounded to 16 bits against its row's
-//           max |q| (rows 0-7 the high bytes of the warp's query rows, rows 8-15 the low bytes), B =
+// A block (4 warps) owns one (batch, kv head, split of the packed body) and kChunkRows = 64 query
+// rows, 16 a warp, and streams the split's 128-token tiles through the same cp.async ring as the
+// other pipelined kernels (TileStream). Each tile is unpacked once a block into shared memory: key
+// codes one byte each, value codes as bf16 integers (exact: codes up to 255). Every warp then runs
+// its rows over all 128 tokens of the tile from there (ldmatrix), in two halves of 64 tokens (an
+// online-softmax step each), so the unpacking is shared by 64 rows instead of 8 and each B fragment
+// a warp loads by 16:
+//   scores  int8 mma.sync m16n8k32 (exact int32 sums), one a row set of 8 rows: A = q rounded to 16
+//           bits against its row's max |q| (A rows 0-7 the high bytes, rows 8-15 the low bytes), B =
 //           key codes; a token's score is sum over its key groups of ksc * step * (256 hi + lo) +
 //           klo * sum(q), the integer form of attn_imma_kernel (docs/numerics.md);
-//   values  bf16 mma.sync m16n8k16 (fp32 sums): A = the weights p * vsc of a value group as two bf16
-//           parts (rows 0-7 RN(u), rows 8-15 RN(u - RN(u)): u to within 2^-18 of itself, fp32's
-//           exponent range), B = value codes; sum(p * vlo) alongside in float, as attend_tc.cu.
+//   values  bf16 mma.sync m16n8k16 (fp32 sums), A rows 0-7 one row set's weights p * vsc, rows 8-15
+//           the other's, each product run twice: the weights' high bf16 parts RN(u), then their low
+//           parts RN(u - RN(u)) (u to within 2^-18 of itself, with fp32's exponent range, as
+//           attend_tc.cu); B = value codes; sum(p * vlo) alongside in float.
 // Rows are independent of each other, so the warps need no merge: each writes its rows' partials.
 // The channel order inside the unpacked rows is free (q is placed to match; the values' order is
 // undone when the partials are written) and is chosen so that a 32-bit word of packed codes turns
 // into its unpacked bytes or bf16 pairs with one shift and one mask each.
+// Measured (session 51, docs/performance.md "Chunked prefill"): 8 rows a warp and 32 a block ran
+// only 1.1-1.6x faster than attn_imma_kernel (two warps a scheduler at 213-253 registers: latency,
+// not issue, bound); int8 value products (weights rounded to 16 bits per 64 tokens, value codes
+// transposed into shared memory) were no faster than the bf16 ones at K2V2 and 1.3x slower at K4V4.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -32,9 +38,9 @@ namespace {
 
 constexpr int kKsStride = kD + 16;  // bytes a row of unpacked key codes (144: ldmatrix rows on distinct banks)
 constexpr int kVsStride = kD + 8;   // bf16 a row of unpacked value codes (272 bytes: likewise)
-constexpr int kWarpRows = 8;        // query rows a warp (A rows 0-7, their low bytes 8-15)
+constexpr int kWarpRows = 16;       // query rows a warp (two row sets of 8)
 constexpr int kHalf = 64;           // tokens an online-softmax step (half a tile)
-static_assert(kChunkRows == kWarpRows * kThreads / 32, "8 rows a warp");
+static_assert(kChunkRows == kWarpRows * kThreads / 32, "16 rows a warp");
 
 // Unpacked key column c holds channel chunk_key_channel<KB>(c) of the packed (permuted) row: a
 // packed word of 4 PK codes becomes PK words, word k holding code k of each of its 4 bytes.
@@ -169,15 +175,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
   const TileStream<kFastTile, KB, VB> tiles(p, lay, ring, bh, split);
   tiles.start();
 
-  // q of this lane's row, rounded to 16 bits against the row's max |q| (attn_imma_kernel's form)
-  const int row = row0 + kWarpRows * warp + g;
-  const bool valid = row < n_rows;
-  const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
-  const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
-  const std::int64_t limit = valid ? p.kv_len - p.Sq + qi : -1;
-  unsigned qa[4][4];  // per k-step: a0 (row g, high), a1 (row g + 8, low), a2, a3 (k + 16)
-  float qstep, qsg[NG];
-  {
+  // This lane's two query rows: r = 0, 1 is row 16 warp + 8 r + g of the block. q rounded to 16 bits
+  // against its row's max |q| (attn_imma_kernel's form); qa[r][ks]: the score MMAs' A fragment of
+  // row set r, k-step ks (a0: rows high bytes, a1: low bytes (A rows 8-15), a2, a3: k + 16).
+  unsigned qa[2][4][4];
+  float qstep[2], qsg[2][NG];
+  std::int64_t limit[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + kWarpRows * warp + 8 * r + g;
+    const bool valid = row < n_rows;
+    const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
+    const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
+    limit[r] = valid ? p.kv_len - p.Sq + qi : -1;
     float qf[4][2][4], qmax = 0.0f, qs[4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
@@ -194,37 +204,39 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
     }
     qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
     qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
-    qstep = q16_step(qmax);
+    qstep[r] = q16_step(qmax);
 #pragma unroll
-    for (int kg = 0; kg < NG; ++kg) qsg[kg] = 0.0f;
+    for (int kg = 0; kg < NG; ++kg) qsg[r][kg] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
       qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
       qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
-      qsg[ks >> gshift] += qs[ks];
+      qsg[r][ks >> gshift] += qs[ks];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         unsigned hp = 0, lp = 0;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           int hi, lo;
-          q16_split(qf[ks][e][j], qstep, hi, lo);
+          q16_split(qf[ks][e][j], qstep[r], hi, lo);
           hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
           lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
         }
-        qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
+        qa[r][ks][2 * e] = hp, qa[r][ks][2 * e + 1] = lp;
       }
     }
   }
 
-  // Online softmax of row g over the tokens of this lane (m shared by the row's 4 lanes, l this
-  // lane's share); acc[nt]: value n-tile nt (columns 8 nt + 2 t + i: [i] from the high weights,
-  // [2 + i] from the low ones); lacc[vg]: sum of p * vlo of value group vg over this lane's tokens.
-  float m = -INFINITY, l = 0.0f, acc[16][4], lacc[NG];
+  // Online softmax of each row over the tokens of this lane (m shared by the row's 4 lanes, l this
+  // lane's share); acc[nt]: value n-tile nt, columns 8 nt + 2 t + i of row set 0 ([i]) and of row
+  // set 1 ([2 + i]) (the value MMAs' A rows 0-7 are row set 0's weights, rows 8-15 row set 1's, and
+  // each product runs twice: the weights' high bf16 parts, then their low parts); lacc[r][vg]: sum
+  // of p * vlo of value group vg over this lane's tokens.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[16][4], lacc[2][NG];
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
-  for (int vg = 0; vg < NG; ++vg) lacc[vg] = 0.0f;
+  for (int vg = 0; vg < NG; ++vg) lacc[0][vg] = lacc[1][vg] = 0.0f;
 
   for (int tile = 0; tile < tiles.n_tiles; ++tile) {
     const unsigned char* stage = tiles.acquire(tile);  // (its barrier: every warp is done with Ks, Vs)
@@ -234,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);  // rows past it hold stale bytes: masked, values zeroed
     auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
-    const int lo = rel(p.sinks), hi = min(rel(limit), live - 1);
+    const int lo = rel(p.sinks), hi0 = min(rel(limit[0]), live - 1), hi1 = min(rel(limit[1]), live - 1);
 
     // the tile in two halves of 64 tokens (one online-softmax step each: fewer live registers)
 #pragma unroll 1
@@ -242,41 +254,49 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
       const int h0 = half * kHalf;
       // scores of tokens h0 + 8 nt + 2 t + i (C columns); B: keys of token h0 + 8 nt + g, by
       // ldmatrix (lane l addresses row l % 8 of matrix l / 8: 16 bytes at column 16 (l / 8) of the
-      // k-step pair)
-      float s[kHalf / 8][2];
+      // k-step pair), shared by the two row sets
+      float s[2][kHalf / 8][2];
 #pragma unroll
       for (int nt = 0; nt < kHalf / 8; ++nt) {
         const unsigned char* kr = Ks + (h0 + 8 * nt + lane % 8) * kKsStride + 16 * (lane / 8);
         unsigned kb[2][4];
         ldsm_x4(kr, kb[0]);       // k-steps 0, 1
         ldsm_x4(kr + 64, kb[1]);  // k-steps 2, 3
-        float sc[2] = {0.0f, 0.0f};
+        float sc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
         for (int kg = 0; kg < NG; ++kg) {
-          int c[4] = {0, 0, 0, 0};
+          int c[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
-          for (int ks = kg * spg; ks < (kg + 1) * spg; ++ks) imma<true, false>(c, qa[ks], kb[ks / 2][2 * (ks % 2)], kb[ks / 2][2 * (ks % 2) + 1]);
+          for (int ks = kg * spg; ks < (kg + 1) * spg; ++ks)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) imma<true, false>(c[r], qa[r][ks], kb[ks / 2][2 * (ks % 2)], kb[ks / 2][2 * (ks % 2) + 1]);
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const int mo = (((h0 + 8 * nt + 2 * t + i) << kgs) + kg) * mb;
             const float ksc = load_meta(stage + lay.ksc + mo, META), klo = load_meta(stage + lay.klo + mo, META);
-            sc[i] += fmaf(ksc * qstep, static_cast<float>(c[i] * 256 + c[2 + i]), klo * qsg[kg]);
+#pragma unroll
+            for (int r = 0; r < 2; ++r)
+              sc[r][i] += fmaf(ksc * qstep[r], static_cast<float>(c[r][i] * 256 + c[r][2 + i]), klo * qsg[r][kg]);
           }
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           const int local = h0 + 8 * nt + 2 * t + i;
-          s[nt][i] = (local >= lo && local <= hi) ? sc[i] : -INFINITY;
+          s[0][nt][i] = (local >= lo && local <= hi0) ? sc[0][i] : -INFINITY;
+          s[1][nt][i] = (local >= lo && local <= hi1) ? sc[1][i] : -INFINITY;
         }
       }
 
-      float pw[kHalf / 8][2];
-      const float corr = softmax_step<kHalf / 8, 1, 2>(s, m, l, pw);
-      if (corr != 1.0f) {
+      float pw[2][kHalf / 8][2];
 #pragma unroll
-        for (int nt = 0; nt < 16; ++nt) acc[nt][0] *= corr, acc[nt][1] *= corr, acc[nt][2] *= corr, acc[nt][3] *= corr;
+      for (int r = 0; r < 2; ++r) {
+        const float corr = softmax_step<kHalf / 8, 1, 2>(s[r], m[r], l[r], pw[r]);
+        if (corr != 1.0f) {
 #pragma unroll
-        for (int vg = 0; vg < NG; ++vg) lacc[vg] *= corr;
+          for (int nt = 0; nt < 16; ++nt) acc[nt][2 * r] *= corr, acc[nt][2 * r + 1] *= corr;
+#pragma unroll
+          for (int vg = 0; vg < NG; ++vg) lacc[r][vg] *= corr;
+        }
       }
 
       // values, 16 tokens (k) at a time: tokens h0 + 16 kt + 2 t + i (scores n-tile 2 kt) and
@@ -286,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
       for (int kt = 0; kt < kHalf / 16; ++kt) {
 #pragma unroll
         for (int vg = 0; vg < NG; ++vg) {
-          float u[4];
+          float u[2][4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int local = h0 + 16 * kt + 8 * (e / 2) + 2 * t + e % 2;
@@ -294,20 +314,27 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
             const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
             const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
             const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
-            const float pe = pw[2 * kt + e / 2][e % 2];
-            u[e] = pe * vs;
-            lacc[vg] = fmaf(pe, vl, lacc[vg]);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const float pe = pw[r][2 * kt + e / 2][e % 2];
+              u[r][e] = pe * vs;
+              lacc[r][vg] = fmaf(pe, vl, lacc[r][vg]);
+            }
           }
-          unsigned a[4];
-          split_bf16(u[0], u[1], a[0], a[1]);
-          split_bf16(u[2], u[3], a[2], a[3]);
+          unsigned ah[4], al[4];  // a0: row set 0, k 2 t, 2 t + 1; a1: row set 1; a2, a3: k + 8
+          split_bf16(u[0][0], u[0][1], ah[0], al[0]);
+          split_bf16(u[1][0], u[1][1], ah[1], al[1]);
+          split_bf16(u[0][2], u[0][3], ah[2], al[2]);
+          split_bf16(u[1][2], u[1][3], ah[3], al[3]);
           const __nv_bfloat16* vr = Vs + (h0 + 16 * kt + 8 * ((lane / 8) % 2) + lane % 8) * kVsStride + 8 * (lane / 16);
 #pragma unroll
           for (int np = vg * (GS / 16); np < (vg + 1) * (GS / 16); ++np) {
             unsigned vb[4];
             ldsm_x4_t(vr + 16 * np, vb);
-            mma_bf16(acc[2 * np], a, vb[0], vb[1]);
-            mma_bf16(acc[2 * np + 1], a, vb[2], vb[3]);
+            mma_bf16(acc[2 * np], ah, vb[0], vb[1]);
+            mma_bf16(acc[2 * np + 1], ah, vb[2], vb[3]);
+            mma_bf16(acc[2 * np], al, vb[0], vb[1]);
+            mma_bf16(acc[2 * np + 1], al, vb[2], vb[3]);
           }
         }
       }
@@ -315,21 +342,27 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
   }
 
   // each warp's rows are its own: their partials through shared memory (over the unpacked tiles)
-  l = quad_sum(l);
-#pragma unroll
-  for (int vg = 0; vg < NG; ++vg) lacc[vg] = quad_sum(lacc[vg]);
   __shared__ float sm_m[kChunkRows], sm_l[kChunkRows];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] = quad_sum(l[r]);
+#pragma unroll
+    for (int vg = 0; vg < NG; ++vg) lacc[r][vg] = quad_sum(lacc[r][vg]);
+  }
   __syncthreads();  // every warp is done with Ks and Vs
-  float* sm_acc = reinterpret_cast<float*>(Ks);  // [kChunkRows][kD]: 16 KB of the 52 KB
-  const int r = kWarpRows * warp + g;
-  if (t == 0) sm_m[r] = m, sm_l[r] = l;
+  float* sm_acc = reinterpret_cast<float*>(Ks);  // [kChunkRows][kD]: 32 KB of the 52 KB of Ks and Vs
 #pragma unroll
-  for (int nt = 0; nt < 16; ++nt)
+  for (int r = 0; r < 2; ++r) {
+    const int row = kWarpRows * warp + 8 * r + g;
+    if (t == 0) sm_m[row] = m[r], sm_l[row] = l[r];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int col = 8 * nt + 2 * t + i;
-      sm_acc[r * kD + chunk_value_channel<VB>(col)] = acc[nt][i] + acc[nt][2 + i] + lacc[col / GS];
-    }
+    for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int col = 8 * nt + 2 * t + i;
+        sm_acc[row * kD + chunk_value_channel<VB>(col)] = acc[nt][2 * r + i] + lacc[r][col / GS];
+      }
+  }
   __syncthreads();
   store_merged(p, b, h, row0, split, 1, kChunkRows, sm_m, sm_l, sm_acc, kD);
 }

@@ -40,7 +40,7 @@ void launch_tc(const AttnParams& p, cudaStream_t stream);
 // body kernels (grid (splits, Hkv, B x row groups), 128 threads, chunk_smem_bytes(p) of dynamic
 // shared memory, (p, first row)).
 using BodyKernelFn = void (*)(AttnParams, int);
-constexpr int kChunkRows = 32;
+constexpr int kChunkRows = 64;
 bool chunk_shape_ok(const AttnParams& p);
 BodyKernelFn chunk_kernel(const AttnParams& p);
 int chunk_smem_bytes(const AttnParams& p);

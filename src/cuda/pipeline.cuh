@@ -129,6 +129,14 @@ __device__ __forceinline__ float softmax_step(const float (&s)[NT][2], float& m,
   return corr;
 }
 
+// 4x4 byte transpose: y[b] holds byte b of w0, w1, w2, w3 (byte j from wj).
+__device__ __forceinline__ void transpose_bytes4x4(unsigned w0, unsigned w1, unsigned w2, unsigned w3, unsigned (&y)[4]) {
+  const unsigned ab0 = __byte_perm(w0, w1, 0x5140), ab1 = __byte_perm(w0, w1, 0x7362);
+  const unsigned cd0 = __byte_perm(w2, w3, 0x5140), cd1 = __byte_perm(w2, w3, 0x7362);
+  y[0] = __byte_perm(ab0, cd0, 0x5410), y[1] = __byte_perm(ab0, cd0, 0x7632);
+  y[2] = __byte_perm(ab1, cd1, 0x5410), y[3] = __byte_perm(ab1, cd1, 0x7632);
+}
+
 // One int8 MMA (m16n8k32, exact int32 sums); SA / SB: whether A / B bytes are signed.
 template <bool SA, bool SB>
 __device__ __forceinline__ void imma(int (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
