@@ -4,7 +4,8 @@
 // cp.async ring): attn_rs_kernel / attn_fast_kernel (dp4a, below) for one or
 // two query rows per KV head, attn_tmma_kernel (int8 tensor cores, tokens as
 // MMA rows) for three or four, attn_imma_kernel (int8 tensor cores, query
-// rows as MMA rows) for more; the exact sinks and tail in the combine
+// rows as MMA rows) for more, the chunk kernel (attend_chunk.cu: 64 rows a
+// block over tiles unpacked once a block) from 64; the exact sinks and tail in the combine
 // kernel, which starts beside the pipelined one (programmatic dependent
 // launch) and merges everything. Caches whose window is not a multiple of
 // 64 (and the dense fp16 path) go through the general kernel, attn_kernel.
