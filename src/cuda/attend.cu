@@ -2429,7 +2429,7 @@ int fast_launches(const AttnParams& p) {
 }
 
 // Calls f with the pipelined kernel for nq query rows (the integer
-// tensor-core kernel: up to 8; the chunk kernel: up to 32; the float32 kernel: 4, 2 or 1) and the
+// tensor-core kernel: up to 8; the chunk kernel: up to 64; the float32 kernel: 4, 2 or 1) and the
 // metadata type of p.
 template <int KB, int VB, typename F>
 void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
