@@ -40,7 +40,8 @@ inline int env_int(const char* name, int fallback) {
 }
 
 // Groups of query rows that one launch of an attention kernel taking its group from blockIdx.z
-// (z = group * B + b: attend.cu's integer tensor-core kernel, attend_tc.cu's kernel) holds: a grid's
+// (z = group * B + b: attend.cu's integer tensor-core kernel, attend_chunk.cu's kernel, attend_tc.cu's
+// kernel, attend_general.cu's float kernel) holds: a grid's
 // z dimension holds at most 65535. SKVQ_CUDA_IMMA_GROUPS=N caps it at N (tests: several launches
 // from a few rows).
 inline int row_groups_a_launch(int B) {
