@@ -3,6 +3,7 @@
 // returns, with the tolerances derived in docs/numerics.md.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 
@@ -299,6 +300,57 @@ TEST_P(AttendTarget, MatchesReference) {
 // integer paths (AVX3_DL: VNNI; AVX2: vpmaddubsw / vpmaddwd) or float form,
 // with its own partial batches, pairs and quads of rows.
 TEST_P(AttendTarget, RandomFusedLayouts) { random_fused_layouts(4321 + static_cast<std::uint32_t>(GetParam() % 997), 30); }
+
+// The query rows of a KV head (grouped-query rows, Sq rows of a prefill) are
+// scored together, four at a time where the target has the integer key path
+// (AVX3_DL); each row's arithmetic is the one-row arithmetic, so every output
+// row equals, bit for bit, the same query row attended on its own (a query
+// tensor of one head per KV head: the same splits, one row a head). G = 3, 5,
+// 6 and 7 leave groups of 1 to 3 rows after the fours; every code width the
+// integer path takes, groups from one word to a whole row, every metadata mode.
+TEST_P(AttendTarget, GroupedRowsScoreAsEachRowAlone) {
+  std::mt19937 rng(99 + static_cast<std::uint32_t>(GetParam() % 991));
+  for (int trial = 0; trial < 24; ++trial) {
+    Config cfg;
+    const std::int64_t D = std::vector<std::int64_t>{32, 64, 128, 256}[rng() % 4];
+    cfg.head_dim = static_cast<int>(D);
+    cfg.window = std::vector<int>{16, 32, 128}[rng() % 3];
+    cfg.n_sink = static_cast<int>(rng() % 6);
+    cfg.group_size = std::vector<int>{16, 32, 64, 128}[rng() % 4];
+    cfg.bits_key = std::vector<int>{1, 2, 4, 8}[rng() % 4];
+    cfg.bits_value = std::vector<int>{1, 2, 4, 8}[rng() % 4];
+    cfg.metadata = static_cast<MetaType>(rng() % 3);
+    if (cfg.group_size > D) cfg.group_size = static_cast<int>(D);
+    const std::int64_t B = 1 + rng() % 2, H = 1 + rng() % 2, G = 1 + rng() % 8, Sq = 1 + rng() % 3;
+    const std::int64_t T = Sq + rng() % (4 * cfg.window + 50);
+    SCOPED_TRACE("trial " + std::to_string(trial) + " G " + std::to_string(G) + " Sq " + std::to_string(Sq) + " D " +
+                 std::to_string(D) + " bits " + std::to_string(cfg.bits_key) + " group " + std::to_string(cfg.group_size));
+    SkvqCache cache(cfg);
+    const std::uint32_t seed = 7000 + static_cast<std::uint32_t>(trial) * 5;
+    cache.append(randn({B, H, T, D}, seed, DType::f16).view(), randn({B, H, T, D}, seed + 1, DType::f16).view());
+    const Tensor q = randn({B, H * G, Sq, D}, seed + 2, DType::f32);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const AttendOptions one_thread{Kernel::simd, 1};
+    const Tensor all = attend(cache, q.view(), scale, one_thread);
+    for (std::int64_t r = 0; r < G; ++r) {
+      Tensor qr(DType::f32, {B, H, Sq, D});
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < Sq; ++i)
+            for (std::int64_t d = 0; d < D; ++d) qr.view().set(b, h, i, d, q.view().at(b, h * G + r, i, d));
+      const Tensor alone = attend(cache, qr.view(), scale, one_thread);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < Sq; ++i)
+            for (std::int64_t d = 0; d < D; ++d) {
+              const float x = all.view().at(b, h * G + r, i, d), y = alone.view().at(b, h, i, d);
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(x), std::bit_cast<std::uint32_t>(y))
+                  << "row " << r << " of " << G << " at [" << b << "," << h << "," << i << "," << d << "]: " << x
+                  << " vs " << y;
+            }
+    }
+  }
+}
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, AttendTarget, ::testing::ValuesIn(cpu::available_targets()),
                          [](const ::testing::TestParamInfo<std::int64_t>& info) {
