@@ -89,7 +89,8 @@ void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::st
   try {
     cfg.validate();
   } catch (const Error& e) {
-    throw UsageError(flag + ": " + std::string(e.what()).substr(6));
+    // (eval's flag, "--config NAME:FIELD=VALUE,...:", ends in its own colon)
+    throw UsageError(flag + (flag.ends_with(':') ? " " : ": ") + std::string(e.what()).substr(6));
   }
 }
 
