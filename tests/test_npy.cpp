@@ -182,6 +182,8 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"quantize" + kv + o + " --set head_dim=32", "head_dim=32"},
       {"quantize" + kv + o + " --calls 10,10", "--calls 10,10"},
       {"quantize" + kv + o + " --calls 10,x,25", "'x'"},
+      {"quantize" + kv + o + " --calls 10,25,", "--calls 10,25,: '' (after the last comma) is not a positive token count"},
+      {"quantize" + kv + o + " --calls 10,,25", "--calls 10,,25: '' is not a positive token count"},
       {"quantize" + kv + o + " --set max_ctx=20", "max_ctx=20"},
       {"quantize" + kv + o + " --calls 9223372036854775807,9223372036854775807", "counts sum past the inputs' S=35"},
       {"quantize --keys " + (d.path / "s0.npy").string() + " --values " + (d.path / "v.npy").string() + o,

@@ -54,6 +54,9 @@ std::vector<std::int64_t> parse_calls(const std::string& spec, std::int64_t S) {
   std::stringstream ss(spec);
   std::string item;
   std::int64_t sum = 0;
+  if (spec.back() == ',') {  // (getline yields no empty last item)
+    throw UsageError("--calls " + spec + ": '' (after the last comma) is not a positive token count");
+  }
   while (std::getline(ss, item, ',')) {
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
@@ -65,7 +68,7 @@ std::vector<std::int64_t> parse_calls(const std::string& spec, std::int64_t S) {
       throw UsageError("--calls " + spec + ": counts sum past the inputs' S=" + std::to_string(S) + " tokens");
     }
   }
-  if (out.empty() || sum != S || spec.back() == ',') {
+  if (out.empty() || sum != S) {
     throw UsageError("--calls " + spec + ": counts sum to " + std::to_string(sum) +
                      " but the inputs hold S=" + std::to_string(S) + " tokens");
   }
