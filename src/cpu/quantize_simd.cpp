@@ -42,6 +42,78 @@ void RoundMeta(D d, MetaType meta, V& lo, V& scale) {
   }
 }
 
+// One clip factor (the search off) and groups of whole vectors: no error sum
+// to keep in slot order, so a row is taken along its channels: a group's
+// minimum and maximum are reduced across lanes (exact in any order; a group
+// of signed zeros alone takes its first slot's zero, as the reference's
+// std::min and std::max do), the row's lo and scale are formed for all its
+// groups at once with the lane-wise rounding of the transposed form (one
+// group a lane), and each vector of codes is written as bytes at once. The
+// transposed form below spends most of this case writing codes a byte a lane.
+void QuantizeRowsOneFactor(const QuantParams& p) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<std::int32_t, decltype(d)> di;
+  const hn::Rebind<std::uint8_t, decltype(d)> d8;
+  using V = hn::Vec<decltype(d)>;
+  const int L = static_cast<int>(hn::Lanes(d));
+  const int g = p.group_size, P = p.padded_dim, G = P / g, D = p.row_dim();
+  const int Gp = (G + L - 1) / L * L;
+  const float levels_f = static_cast<float>((1 << p.bits) - 1);
+  const V levels = hn::Set(d, levels_f), zero = hn::Zero(d), half = hn::Set(d, 0.5f);
+  const V alpha = hn::Set(d, p.grid[0]), floor_scale = hn::Set(d, ref::kMinScaleF32);
+  auto xp = hwy::AllocateAligned<float>(static_cast<std::size_t>(P));
+  // per group of the row: minimum, maximum, then lo and scale (lanes past G stay 0)
+  auto meta = hwy::AllocateAligned<float>(4 * static_cast<std::size_t>(Gp));
+  float *gmins = meta.get(), *gmaxs = gmins + Gp, *los = gmaxs + Gp, *scales = los + Gp;
+  std::fill(meta.get(), meta.get() + 4 * Gp, 0.0f);
+  for (std::int64_t r = 0; r < p.n_rows; ++r) {
+    const float* row = p.x + r * D;
+    const std::int32_t* perm = p.row_perm(r);
+    if (perm) {
+      for (int j = 0; j < D; ++j) xp[static_cast<std::size_t>(j)] = row[perm[j]];
+    } else {
+      std::copy(row, row + D, xp.get());
+    }
+    std::fill(xp.get() + D, xp.get() + P, xp[static_cast<std::size_t>(D - 1)]);
+    for (int k = 0; k < G; ++k) {
+      const float* grp = xp.get() + static_cast<std::ptrdiff_t>(k) * g;
+      V vmin = hn::Load(d, grp), vmax = vmin;
+      for (int s = L; s < g; s += L) {
+        const V x = hn::Load(d, grp + s);
+        vmin = hn::Min(vmin, x);
+        vmax = hn::Max(vmax, x);
+      }
+      const float gmin = hn::GetLane(hn::MinOfLanes(d, vmin)), gmax = hn::GetLane(hn::MaxOfLanes(d, vmax));
+      const bool zeros = gmin == 0.0f && gmax == 0.0f;
+      gmins[k] = zeros ? grp[0] : gmin;
+      gmaxs[k] = zeros ? grp[0] : gmax;
+    }
+    for (int k = 0; k < G; k += L) {  // the transposed form's operations, a group a lane
+      const V gmin = hn::Load(d, gmins + k), gmax = hn::Load(d, gmaxs + k);
+      const V mid = hn::Mul(hn::Add(gmax, gmin), half);
+      const V t = hn::Mul(alpha, hn::Sub(gmax, gmin));
+      V lo = hn::Sub(mid, hn::Mul(t, half));
+      V scale = hn::Max(hn::Div(t, levels), floor_scale);
+      RoundMeta(d, p.meta, lo, scale);
+      hn::Store(lo, d, los + k);
+      hn::Store(scale, d, scales + k);
+    }
+    std::copy(los, los + G, p.lo + r * G);
+    std::copy(scales, scales + G, p.scale + r * G);
+    for (int k = 0; k < G; ++k) {
+      const float* grp = xp.get() + static_cast<std::ptrdiff_t>(k) * g;
+      const V vlo = hn::Set(d, los[k]), vscale = hn::Set(d, scales[k]);
+      std::uint8_t* out = p.codes + r * P + static_cast<std::int64_t>(k) * g;
+      for (int s = 0; s < g; s += L) {
+        const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(hn::Load(d, grp + s), vlo), vscale)), zero), levels);
+        // (DemoteTo, not TruncateTo: Highway 1.0.3's TruncateTo to bytes permutes 32-bit lanes by byte
+        // indices on AVX3_DL, a wrong result; the codes are in [0, 255], so saturating is exact)
+        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, code)), d8, out + s);
+      }
+    }
+  }
+}
+
 void QuantizeRows(const QuantParams& p) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -56,6 +128,7 @@ void QuantizeRows(const QuantParams& p) {
   const V floor_scale = hn::Set(d, ref::kMinScaleF32);
   const V inv_g = hn::Set(d, 1.0f / static_cast<float>(g));
 
+  if (p.n_grid == 1 && g % static_cast<int>(L) == 0) return QuantizeRowsOneFactor(p);
   auto xt = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);  // [P][L] transposed block
   auto lane_lo = hwy::AllocateAligned<float>(L);
   auto lane_scale = hwy::AllocateAligned<float>(L);
