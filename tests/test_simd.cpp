@@ -5,10 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <random>
 
 #include "cpu/convert_simd.hpp"
 #include "cpu/quantize_simd.hpp"
 #include "ref/dequantize.hpp"
+#include "ref/pack.hpp"
 #include "ref/quantize.hpp"
 #include "test_util.hpp"
 
@@ -102,6 +104,32 @@ TEST_P(SimdTarget, MatchesReferenceOnAwkwardShapes) {
     }
   }
   EXPECT_EQ(cases, 6 * 6 * 8);
+}
+
+// The flush's packing: every code width, code counts around the vector
+// lengths, streams starting on and off whole bytes, bytes already holding
+// earlier codes; each must leave the stream exactly as the reference does.
+TEST_P(SimdTarget, PackCodesMatchesReference) {
+  std::mt19937 rng(GetParam() % 1000 + 5);
+  int cases = 0;
+  for (int bits = 1; bits <= 8; ++bits)
+    for (std::int64_t n : {1, 3, 15, 16, 31, 63, 64, 65, 127, 128, 129, 200, 256, 1000})
+      for (std::int64_t first : {0, 1, 3, 8, 64, 128}) {
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(n));
+        for (auto& c : codes) c = static_cast<std::uint8_t>(rng() & ((1u << bits) - 1));
+        const std::int64_t bytes = ref::packed_bytes(first + n, bits) + 8;
+        // earlier codes in the bytes before `first` (the bytes it covers are zero, the contract)
+        std::vector<std::uint8_t> a(static_cast<std::size_t>(bytes), 0), b;
+        std::vector<std::uint8_t> before(static_cast<std::size_t>(first));
+        for (auto& c : before) c = static_cast<std::uint8_t>(rng() & ((1u << bits) - 1));
+        ref::pack_codes(before.data(), first, bits, a.data(), 0);
+        b = a;
+        ref::pack_codes(codes.data(), n, bits, a.data(), first);
+        cpu::pack_codes(codes.data(), n, bits, b.data(), first);
+        ASSERT_EQ(a, b) << "bits " << bits << " n " << n << " first " << first;
+        ++cases;
+      }
+  EXPECT_EQ(cases, 8 * 14 * 6);
 }
 
 TEST_P(SimdTarget, EveryMetaAndDataKind) {

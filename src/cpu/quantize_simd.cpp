@@ -13,6 +13,7 @@
 #include <hwy/highway.h>
 
 #include "ref/meta.hpp"
+#include "ref/pack.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace skvq::cpu::HWY_NAMESPACE {
@@ -216,6 +217,42 @@ void QuantizeRows(const QuantParams& p) {
   }
 }
 
+// ref::pack_codes for 2- and 4-bit codes starting on a whole byte: a vector
+// of codes at a time, each 32-bit (2 bits) or 16-bit (4 bits) lane folding
+// its 4 or 2 codes into its low byte by shifts and ors, then narrowed to
+// bytes (saturation is exact: every folded lane is at most 255). Returns how
+// many codes it packed (a multiple of the vector's); the caller packs the rest.
+std::int64_t PackCodesWhole(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* out) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)codes, (void)n, (void)bits, (void)out;
+  return 0;  // one byte a vector: nothing to fold
+#else
+  const hn::ScalableTag<std::uint8_t> d8;
+  const std::int64_t N = static_cast<std::int64_t>(hn::Lanes(d8));
+  std::int64_t i = 0;
+  if (bits == 2) {
+    // (signed lanes: Highway 1.0.3 narrows only signed integers to bytes; every lane is non-negative)
+    const hn::Repartition<std::int32_t, decltype(d8)> d32;
+    const hn::Rebind<std::uint8_t, decltype(d32)> dn;  // one byte a 32-bit lane
+    const auto mask = hn::Set(d32, 0x03030303), low = hn::Set(d32, 0xFF);
+    for (; i + N <= n; i += N) {
+      const auto x = hn::And(hn::BitCast(d32, hn::LoadU(d8, codes + i)), mask);
+      const auto b = hn::And(hn::Or(hn::Or(x, hn::ShiftRight<6>(x)), hn::Or(hn::ShiftRight<12>(x), hn::ShiftRight<18>(x))), low);
+      hn::StoreU(hn::DemoteTo(dn, b), dn, out + i / 4);
+    }
+  } else if (bits == 4) {
+    const hn::Repartition<std::int16_t, decltype(d8)> d16;
+    const hn::Rebind<std::uint8_t, decltype(d16)> dn;  // one byte a 16-bit lane
+    const auto mask = hn::Set(d16, static_cast<std::int16_t>(0x0F0F)), low = hn::Set(d16, static_cast<std::int16_t>(0xFF));
+    for (; i + N <= n; i += N) {
+      const auto x = hn::And(hn::BitCast(d16, hn::LoadU(d8, codes + i)), mask);
+      hn::StoreU(hn::DemoteTo(dn, hn::And(hn::Or(x, hn::ShiftRight<4>(x)), low)), dn, out + i / 2);
+    }
+  }
+  return i;
+#endif
+}
+
 }  // namespace skvq::cpu::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -223,6 +260,15 @@ HWY_AFTER_NAMESPACE();
 namespace skvq::cpu {
 
 HWY_EXPORT(QuantizeRows);
+HWY_EXPORT(PackCodesWhole);
+
+void pack_codes(const std::uint8_t* codes, std::int64_t n, int bits, std::uint8_t* stream, std::int64_t first) {
+  std::int64_t done = 0;
+  if ((bits == 2 || bits == 4) && (first * bits) % 8 == 0) {
+    done = HWY_DYNAMIC_DISPATCH(PackCodesWhole)(codes, n, bits, stream + first * bits / 8);
+  }
+  if (done < n) ref::pack_codes(codes + done, n - done, bits, stream, first + done);
+}
 
 void quantize_rows(const QuantParams& p) {
   if (p.n_rows <= 0) return;
