@@ -5,6 +5,7 @@
 #include "cpu/quantize_simd.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/quantize_simd.cpp"
@@ -43,6 +44,26 @@ void RoundMeta(D d, MetaType meta, V& lo, V& scale) {
   }
 }
 
+// Codes of g consecutive values of one row for one (lo, scale): the
+// reference's operations, a vector at a time, then (g not a multiple of the
+// lanes) one at a time with the same operations in scalar form.
+template <class D>
+void CodesAlongRow(D d, const float* x, int g, float lo, float scale, float levels_f, std::uint8_t* out) {
+  const hn::Rebind<std::int32_t, D> di;
+  const hn::Rebind<std::uint8_t, D> d8;
+  using V = hn::Vec<D>;
+  const int L = static_cast<int>(hn::Lanes(d));
+  const V vlo = hn::Set(d, lo), vscale = hn::Set(d, scale), zero = hn::Zero(d), levels = hn::Set(d, levels_f);
+  int s = 0;
+  for (; s + L <= g; s += L) {
+    const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(hn::LoadU(d, x + s), vlo), vscale)), zero), levels);
+    // (DemoteTo, not TruncateTo: Highway 1.0.3's TruncateTo to bytes permutes 32-bit lanes by byte
+    // indices on AVX3_DL, a wrong result; the codes are in [0, 255], so saturating is exact)
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, code)), d8, out + s);
+  }
+  for (; s < g; ++s) out[s] = static_cast<std::uint8_t>(std::min(std::max(std::nearbyint((x[s] - lo) / scale), 0.0f), levels_f));
+}
+
 // One clip factor (the search off) and groups of whole vectors: no error sum
 // to keep in slot order, so a row is taken along its channels: a group's
 // minimum and maximum are reduced across lanes (exact in any order; a group
@@ -53,14 +74,12 @@ void RoundMeta(D d, MetaType meta, V& lo, V& scale) {
 // transposed form below spends most of this case writing codes a byte a lane.
 void QuantizeRowsOneFactor(const QuantParams& p) {
   const hn::ScalableTag<float> d;
-  const hn::Rebind<std::int32_t, decltype(d)> di;
-  const hn::Rebind<std::uint8_t, decltype(d)> d8;
   using V = hn::Vec<decltype(d)>;
   const int L = static_cast<int>(hn::Lanes(d));
   const int g = p.group_size, P = p.padded_dim, G = P / g, D = p.row_dim();
   const int Gp = (G + L - 1) / L * L;
   const float levels_f = static_cast<float>((1 << p.bits) - 1);
-  const V levels = hn::Set(d, levels_f), zero = hn::Zero(d), half = hn::Set(d, 0.5f);
+  const V levels = hn::Set(d, levels_f), half = hn::Set(d, 0.5f);
   const V alpha = hn::Set(d, p.grid[0]), floor_scale = hn::Set(d, ref::kMinScaleF32);
   auto xp = hwy::AllocateAligned<float>(static_cast<std::size_t>(P));
   // per group of the row: minimum, maximum, then lo and scale (lanes past G stay 0)
@@ -102,15 +121,8 @@ void QuantizeRowsOneFactor(const QuantParams& p) {
     std::copy(los, los + G, p.lo + r * G);
     std::copy(scales, scales + G, p.scale + r * G);
     for (int k = 0; k < G; ++k) {
-      const float* grp = xp.get() + static_cast<std::ptrdiff_t>(k) * g;
-      const V vlo = hn::Set(d, los[k]), vscale = hn::Set(d, scales[k]);
-      std::uint8_t* out = p.codes + r * P + static_cast<std::int64_t>(k) * g;
-      for (int s = 0; s < g; s += L) {
-        const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(hn::Load(d, grp + s), vlo), vscale)), zero), levels);
-        // (DemoteTo, not TruncateTo: Highway 1.0.3's TruncateTo to bytes permutes 32-bit lanes by byte
-        // indices on AVX3_DL, a wrong result; the codes are in [0, 255], so saturating is exact)
-        hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, code)), d8, out + s);
-      }
+      CodesAlongRow(d, xp.get() + static_cast<std::ptrdiff_t>(k) * g, g, los[k], scales[k], levels_f,
+                    p.codes + r * P + static_cast<std::int64_t>(k) * g);
     }
   }
 }
@@ -133,7 +145,9 @@ void QuantizeRows(const QuantParams& p) {
   auto xt = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);  // [P][L] transposed block
   auto lane_lo = hwy::AllocateAligned<float>(L);
   auto lane_scale = hwy::AllocateAligned<float>(L);
-  auto lane_code = hwy::AllocateAligned<float>(L);
+  // the block's rows also along their channels (permuted, padded): the chosen factor's codes are
+  // computed from them a vector at a time, not a byte a lane from the transposed block
+  auto xr = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);
 
   for (std::int64_t r0 = 0; r0 < p.n_rows; r0 += static_cast<std::int64_t>(L)) {
     const std::size_t nb = static_cast<std::size_t>(std::min<std::int64_t>(L, p.n_rows - r0));
@@ -142,13 +156,14 @@ void QuantizeRows(const QuantParams& p) {
       const std::int64_t r = r0 + static_cast<std::int64_t>(std::min(l, nb - 1));
       const float* row = p.x + r * D;
       const std::int32_t* perm = p.row_perm(r);
+      float* xrow = xr.get() + l * static_cast<std::size_t>(P);
       if (perm) {
-        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[perm[j]];
+        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = xrow[j] = row[perm[j]];
       } else {
-        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = row[j];
+        for (int j = 0; j < D; ++j) xt[static_cast<std::size_t>(j) * L + l] = xrow[j] = row[j];
       }
-      const float last = xt[static_cast<std::size_t>(D - 1) * L + l];
-      for (int j = D; j < P; ++j) xt[static_cast<std::size_t>(j) * L + l] = last;
+      const float last = xrow[D - 1];
+      for (int j = D; j < P; ++j) xt[static_cast<std::size_t>(j) * L + l] = xrow[j] = last;
     }
     for (int k = 0; k < G; ++k) {
       const float* grp = xt.get() + static_cast<std::size_t>(k) * g * L;
@@ -203,15 +218,9 @@ void QuantizeRows(const QuantParams& p) {
         p.lo[(r0 + static_cast<std::int64_t>(l)) * G + k] = lane_lo[l];
         p.scale[(r0 + static_cast<std::int64_t>(l)) * G + k] = lane_scale[l];
       }
-      for (int s = 0; s < g; ++s) {
-        const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
-        const V code =
-            hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(x, best_lo), best_scale)), zero), levels);
-        hn::Store(code, d, lane_code.get());
-        for (std::size_t l = 0; l < nb; ++l) {
-          p.codes[(r0 + static_cast<std::int64_t>(l)) * P + k * g + s] =
-              static_cast<std::uint8_t>(lane_code[l]);
-        }
+      for (std::size_t l = 0; l < nb; ++l) {
+        CodesAlongRow(d, xr.get() + l * static_cast<std::size_t>(P) + static_cast<std::size_t>(k) * g, g, lane_lo[l],
+                      lane_scale[l], levels_f, p.codes + (r0 + static_cast<std::int64_t>(l)) * P + k * g);
       }
     }
   }
