@@ -127,6 +127,58 @@ void QuantizeRowsOneFactor(const QuantParams& p) {
   }
 }
 
+constexpr int kDefaultGrid = 5;  // the spec's grid; other sizes take the loop one factor at a time
+
+// The clip search over one group of a block (lanes: rows; grp[s * L + lane]):
+// every factor's lo and scale (rounded as stored), its error summed over the
+// slots in slot order (the spec's float32 operations, each rounded), and the
+// factor with the smallest error (ties: the earlier). NG > 0: the factors'
+// sums side by side, each slot loaded once (NG independent addition chains,
+// not one chain after another); NG = 0: any grid, one factor at a time. The
+// operations of each (lane, factor) are the same either way.
+template <int NG, class D, class V>
+HWY_INLINE void ChooseFactor(D d, const QuantParams& p, const float* grp, int g, V mid, V rng, V& best_lo,
+                             V& best_scale) {
+  constexpr int kN = NG > 0 ? NG : 1;
+  const std::size_t L = hn::Lanes(d);
+  const V zero = hn::Zero(d), half = hn::Set(d, 0.5f), floor_scale = hn::Set(d, ref::kMinScaleF32);
+  const V levels = hn::Set(d, static_cast<float>((1 << p.bits) - 1));
+  const V inv_g = hn::Set(d, 1.0f / static_cast<float>(g));
+  const int n = NG > 0 ? NG : p.n_grid;
+  V best_err = zero;
+  for (int a0 = 0; a0 < n; a0 += kN) {
+    V lo[kN], scale[kN], err[kN];
+    for (int a = 0; a < kN; ++a) {
+      const V t = hn::Mul(hn::Set(d, p.grid[a0 + a]), rng);
+      lo[a] = hn::Sub(mid, hn::Mul(t, half));
+      scale[a] = hn::Max(hn::Div(t, levels), floor_scale);
+      RoundMeta(d, p.meta, lo[a], scale[a]);  // what is stored is what is scored
+      err[a] = zero;
+    }
+    for (int s = 0; s < g; ++s) {
+      const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
+      for (int a = 0; a < kN; ++a) {
+        const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(x, lo[a]), scale[a])), zero), levels);
+        const V diff = hn::Sub(hn::Add(hn::Mul(code, scale[a]), lo[a]), x);
+        err[a] = hn::Add(err[a], hn::Mul(diff, diff));
+      }
+    }
+    for (int a = 0; a < kN; ++a) {
+      const V e = hn::Mul(err[a], inv_g);
+      if (a0 + a == 0) {
+        best_err = e;
+        best_lo = lo[a];
+        best_scale = scale[a];
+      } else {  // strictly smaller wins; ties keep the earlier alpha
+        const auto better = hn::Lt(e, best_err);
+        best_err = hn::IfThenElse(better, e, best_err);
+        best_lo = hn::IfThenElse(better, lo[a], best_lo);
+        best_scale = hn::IfThenElse(better, scale[a], best_scale);
+      }
+    }
+  }
+}
+
 void QuantizeRows(const QuantParams& p) {
   const hn::ScalableTag<float> d;
   using V = hn::Vec<decltype(d)>;
@@ -139,7 +191,6 @@ void QuantizeRows(const QuantParams& p) {
   const V zero = hn::Zero(d);
   const V half = hn::Set(d, 0.5f);
   const V floor_scale = hn::Set(d, ref::kMinScaleF32);
-  const V inv_g = hn::Set(d, 1.0f / static_cast<float>(g));
 
   if (p.n_grid == 1 && g % static_cast<int>(L) == 0) return QuantizeRowsOneFactor(p);
   auto xt = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);  // [P][L] transposed block
@@ -182,35 +233,15 @@ void QuantizeRows(const QuantParams& p) {
       const V mid = hn::Mul(hn::Add(gmax, gmin), half);
       const V rng = hn::Sub(gmax, gmin);
 
-      V best_err = zero, best_lo = zero, best_scale = zero;
-      for (int a = 0; a < p.n_grid; ++a) {
-        const V t = hn::Mul(hn::Set(d, p.grid[a]), rng);
-        V lo = hn::Sub(mid, hn::Mul(t, half));
-        V scale = hn::Max(hn::Div(t, levels), floor_scale);
-        RoundMeta(d, p.meta, lo, scale);  // what is stored is what is scored
-        if (p.n_grid == 1) {  // a single clip factor is chosen whatever its error: skip scoring it
-          best_lo = lo;
-          best_scale = scale;
-          break;
-        }
-        V err = zero;
-        for (int s = 0; s < g; ++s) {
-          const V x = hn::Load(d, grp + static_cast<std::size_t>(s) * L);
-          const V code = hn::Min(hn::Max(hn::Round(hn::Div(hn::Sub(x, lo), scale)), zero), levels);
-          const V diff = hn::Sub(hn::Add(hn::Mul(code, scale), lo), x);
-          err = hn::Add(err, hn::Mul(diff, diff));
-        }
-        err = hn::Mul(err, inv_g);
-        if (a == 0) {
-          best_err = err;
-          best_lo = lo;
-          best_scale = scale;
-        } else {  // strictly smaller wins; ties keep the earlier alpha
-          const auto better = hn::Lt(err, best_err);
-          best_err = hn::IfThenElse(better, err, best_err);
-          best_lo = hn::IfThenElse(better, lo, best_lo);
-          best_scale = hn::IfThenElse(better, scale, best_scale);
-        }
+      V best_lo = zero, best_scale = zero;
+      if (p.n_grid == 1) {  // a single clip factor is chosen whatever its error: no scoring
+        best_lo = hn::Sub(mid, hn::Mul(hn::Mul(hn::Set(d, p.grid[0]), rng), half));
+        best_scale = hn::Max(hn::Div(hn::Mul(hn::Set(d, p.grid[0]), rng), levels), floor_scale);
+        RoundMeta(d, p.meta, best_lo, best_scale);
+      } else if (p.n_grid == kDefaultGrid) {
+        ChooseFactor<kDefaultGrid>(d, p, grp, g, mid, rng, best_lo, best_scale);
+      } else {
+        ChooseFactor<0>(d, p, grp, g, mid, rng, best_lo, best_scale);
       }
       hn::Store(best_lo, d, lane_lo.get());
       hn::Store(best_scale, d, lane_scale.get());
