@@ -132,6 +132,30 @@ TEST_P(SimdTarget, PackCodesMatchesReference) {
   EXPECT_EQ(cases, 8 * 14 * 6);
 }
 
+// Grids of other sizes than the spec's five and the single factor (the
+// kernel scores five side by side and any other count one at a time),
+// with repeated factors (exact ties: the earlier wins) and unsorted ones.
+TEST_P(SimdTarget, AnyGridSizeMatchesReference) {
+  std::uint32_t seed = 77;
+  const std::vector<std::vector<float>> grids = {
+      {1.0f, 0.8f}, {0.9f, 0.9f, 1.0f}, {0.85f, 1.0f, 0.94f, 0.97f, 0.90f, 0.85f, 0.7f}, {1.0f, 0.97f, 0.94f, 0.90f, 0.85f, 0.8f}};
+  for (const auto& grid : grids)
+    for (int D : {10, 64, 128})
+      for (int g : {7, 16, 32}) {
+        const int G = (D + g - 1) / g, P = G * g;
+        for (int bits : {1, 2, 4, 8}) {
+          const MetaType meta = static_cast<MetaType>(bits % 3);
+          const Data kind = static_cast<Data>((seed++) % kDataKinds);
+          const auto x = make_rows(17, D, P, kind, seed);
+          const Out a = run(false, x, 17, P, g, bits, meta, grid);
+          const Out b = run(true, x, 17, P, g, bits, meta, grid);
+          ASSERT_EQ(a.codes, b.codes) << "grid " << grid.size() << " D=" << D << " g=" << g << " bits=" << bits;
+          ASSERT_TRUE(same_bits(a.lo, b.lo)) << "grid " << grid.size() << " D=" << D << " g=" << g << " bits=" << bits;
+          ASSERT_TRUE(same_bits(a.scale, b.scale)) << "grid " << grid.size() << " D=" << D << " g=" << g;
+        }
+      }
+}
+
 TEST_P(SimdTarget, EveryMetaAndDataKind) {
   for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
     for (int k = 0; k < kDataKinds; ++k) {

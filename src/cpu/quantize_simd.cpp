@@ -1,7 +1,10 @@
 // Highway SIMD version of the clipped min/max group quantizer (spec section
-// 4). Lanes hold different rows; each lane does exactly the reference's
-// float32 operations in the reference's order, so codes and metadata match
-// ref::quantize_rows bit for bit (the error sum stays in slot order).
+// 4). With the clip search, lanes hold different rows (a block transposed)
+// and each lane does exactly the reference's float32 operations in the
+// reference's order, so codes and metadata match ref::quantize_rows bit for
+// bit (the error sum stays in slot order); the chosen factor's codes, and
+// everything when there is one factor and groups are whole vectors, are
+// computed along each row, with the same operations element by element.
 #include "cpu/quantize_simd.hpp"
 
 #include <algorithm>
@@ -235,8 +238,9 @@ void QuantizeRows(const QuantParams& p) {
 
       V best_lo = zero, best_scale = zero;
       if (p.n_grid == 1) {  // a single clip factor is chosen whatever its error: no scoring
-        best_lo = hn::Sub(mid, hn::Mul(hn::Mul(hn::Set(d, p.grid[0]), rng), half));
-        best_scale = hn::Max(hn::Div(hn::Mul(hn::Set(d, p.grid[0]), rng), levels), floor_scale);
+        const V t = hn::Mul(hn::Set(d, p.grid[0]), rng);
+        best_lo = hn::Sub(mid, hn::Mul(t, half));
+        best_scale = hn::Max(hn::Div(t, levels), floor_scale);
         RoundMeta(d, p.meta, best_lo, best_scale);
       } else if (p.n_grid == kDefaultGrid) {
         ChooseFactor<kDefaultGrid>(d, p, grp, g, mid, rng, best_lo, best_scale);
