@@ -645,8 +645,9 @@ HWY_INLINE __m512i DpbusdMem(__m512i acc, __m512i x, const std::int8_t* q) {
 }
 
 // comb(Tree(leaves [i, i + N/2)), Tree(leaves [i + N/2, i + N))): the balanced
-// tree of the one-row kernel's level-by-level pair sums, evaluated depth first
-// so that at most log2(N) + 1 partial results are live.
+// tree of pair sums that puts the lanes in the metadata's [row][group] order
+// (the same tree level by level would give), evaluated depth first so that at
+// most log2(N) + 1 partial results are live.
 template <int N, typename Leaf, typename Comb>
 HWY_INLINE auto TreeSum(int i, Leaf& leaf, Comb& comb) {
   if constexpr (N == 1) {
