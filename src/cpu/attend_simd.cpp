@@ -881,14 +881,18 @@ void ByKeyShape(const FusedPlan& fk, Go&& go) {
 
 // The scores of nq query rows of one KV head (row qi: query vq[qi], rounding
 // step qstep[qi], group sums qg + qi * N, scores S + qi * sstride): on AVX3_DL
-// four rows a call (the last one to three as two and one); on AVX2 a row a call.
+// four rows a call at 1 and 2 bits (the rest a row a call), where sharing the
+// unpacking measured 4-6% of a grouped-query step (1.6-1.7% at 4 bits and at
+// groups of 128: the VNNI instructions bind); on AVX2 a row a call. (Each
+// (BITS, R, LPG) shape is a kernel of its own: four-row forms for every width
+// tripled this file's compile time under the sanitizers.)
 void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
                    std::int64_t nq, const VnniQuery* vq, const float* qstep, const float* qg, float* S,
                    std::int64_t sstride, LineQueue& lq) {
   const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(DF()));
 #if HWY_TARGET == HWY_AVX3_DL
   for (std::int64_t qi = 0; qi < nq;) {
-    const int take = nq - qi >= 4 ? 4 : nq - qi >= 2 ? 2 : 1;
+    const int take = nq - qi >= 4 && fk.bits <= 2 ? 4 : 1;
     VnniKeyRow rows[4];
     for (int r = 0; r < take; ++r) {
       const std::int64_t i = qi + r;
@@ -900,8 +904,9 @@ void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t 
           if (half) return VnniKeyScoresT<BITS, R, LPG, true, NQ>(codes, n, lo, sc, rows, lq);
           return VnniKeyScoresT<BITS, R, LPG, false, NQ>(codes, n, lo, sc, rows, lq);
         };
-        if (take == 4) return go.template operator()<4>();
-        if (take == 2) return go.template operator()<2>();
+        if constexpr (BITS <= 2) {
+          if (take == 4) return go.template operator()<4>();
+        }
         return go.template operator()<1>();
       }
     });
