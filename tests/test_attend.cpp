@@ -301,14 +301,12 @@ TEST_P(AttendTarget, MatchesReference) {
 // with its own partial batches, pairs and quads of rows.
 TEST_P(AttendTarget, RandomFusedLayouts) { random_fused_layouts(4321 + static_cast<std::uint32_t>(GetParam() % 997), 30); }
 
-// The query rows of a KV head (grouped-query rows, Sq rows of a prefill) are
-// scored together, four at a time where the target has the integer key path
-// (AVX3_DL) and keys have 1 or 2 bits; each row's arithmetic is the one-row
-// arithmetic, so every output row equals, bit for bit, the same query row
-// attended on its own (a query tensor of one head per KV head: the same
-// splits, one row a head). G = 3, 5, 6 and 7 leave 1 to 3 rows after the
-// fours; every code width the integer path takes (4 and 8 bits: a row a
-// call), groups from one word to a whole row, every metadata mode.
+// A query row's output does not depend on the other query rows of its KV
+// head (grouped-query rows, Sq rows of a prefill), whatever the kernel does
+// with them together: every output row equals, bit for bit, the same query
+// row attended on its own (a query tensor of one head per KV head: the same
+// splits, one row a head). G = 1-8, Sq 1-3, every code width the integer
+// paths take, groups from one word to a whole row, every metadata mode.
 TEST_P(AttendTarget, GroupedRowsScoreAsEachRowAlone) {
   std::mt19937 rng(99 + static_cast<std::uint32_t>(GetParam() % 991));
   for (int trial = 0; trial < 24; ++trial) {

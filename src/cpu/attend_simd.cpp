@@ -22,7 +22,6 @@
 
 
 #include <algorithm>
-#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdlib>
@@ -593,18 +592,11 @@ class LineQueue {
 // 1, 2, 4 or 8-bit codes: 16 / R rows a vector): 16 rows at a time, each
 // vector's 32-bit lanes get their word's exact integer dot product
 // 256 sum(hi c) + sum(lo c) (the query of BuildVnniQuery at one phase); adjacent
-// lanes are summed in integers up to one lane per (row, group) (pair sums
-// that keep the order), the group's metadata is applied there in float,
+// lanes are summed in integers up to one lane per (row, group) (ConcatEven +
+// ConcatOdd keep the order), the group's metadata is applied there in float,
 //   score(row, group) = (scale s) I + lo sum_group(q),
 // and the groups of a row are summed. The metadata arrays are as stored,
 // [row][group], so lanes meet them without any rearranging.
-// NQ query rows of one KV head are scored at once (grouped-query rows, the
-// rows of a prefill): each code vector is loaded and unpacked once for all of
-// them, and each metadata vector loaded once. A row's integer sums, metadata
-// products and pair sums do not depend on NQ (the same operations in the same
-// order), so its scores are the same bit for bit whichever rows it is scored
-// with. Where the rows' query bytes would take more than 8 registers (four
-// rows at two bits: 32) the VNNI instructions read them from memory (L1).
 // ---------------------------------------------------------------------------
 // Lanes [e, e + 16) of a metadata array (fp16 as stored, or float), lanes
 // from `valid` on zero and not read.
@@ -630,54 +622,20 @@ HWY_INLINE __m512 PairSumPs(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_permutex2var_ps(a, ev, b), _mm512_permutex2var_ps(a, od, b));
 }
 
-// One query row of VnniKeyScoresT.
-struct VnniKeyRow {
-  const std::int8_t* hi;
-  const std::int8_t* lo;
-  float s;          // the query's rounding step
-  const float* qg;  // qg[l]: the sum of q over group l % G's channels
-  float* scores;
-};
-
-HWY_INLINE __m512i DpbusdMem(__m512i acc, __m512i x, const std::int8_t* q) {
-  asm("vpdpbusd %[q], %[x], %[acc]" : [acc] "+v"(acc) : [x] "v"(x), [q] "m"(*reinterpret_cast<const __m512i*>(q)));
-  return acc;
-}
-
-// comb(Tree(leaves [i, i + N/2)), Tree(leaves [i + N/2, i + N))): the balanced
-// tree of pair sums that puts the lanes in the metadata's [row][group] order
-// (the same tree level by level would give), evaluated depth first so that at
-// most log2(N) + 1 partial results are live.
-template <int N, typename Leaf, typename Comb>
-HWY_INLINE auto TreeSum(int i, Leaf& leaf, Comb& comb) {
-  if constexpr (N == 1) {
-    return leaf(i);
-  } else {
-    auto a = TreeSum<N / 2>(i, leaf, comb);
-    auto b = TreeSum<N / 2>(i + N / 2, leaf, comb);
-    return comb(a, b);
-  }
-}
-
-// BITS: code width; R: words a row (1..16, a power of two); LPG: words a group;
-// NQ: query rows. lo, sc: [row][group] metadata, fp16 as stored (kHalf) or float.
-template <int BITS, int R, int LPG, bool kHalf, int NQ>
-void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniKeyRow* rows,
-                    LineQueue& lq) {
-  constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kG = R / LPG;
-  using IV = std::array<__m512i, NQ>;
-  using FV = std::array<__m512, NQ>;
+// BITS: code width; R: words a row (1..16, a power of two); LPG: words a group.
+// lo, sc: [row][group] metadata, fp16 as stored (kHalf) or float; qg[l]: the sum of q over group l % G's channels; s: the
+// query's rounding step (q ~ s qi).
+template <int BITS, int R, int LPG, bool kHalf>
+void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, const VnniQuery& vq,
+                    float s, const float* qg, float* scores, LineQueue& lq) {
+  constexpr int kPerByte = 8 / BITS, kRB = 4 * R, kV = R, kG = R / LPG;  // kV vectors per 16 rows
   const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
-  // the query bytes in registers where they fit beside the rest (one row's 2 to 16 always)
-  constexpr bool kQRegs = NQ == 1 || NQ * 2 * kPerByte <= 8;
-  __m512i qh[kQRegs ? NQ : 1][kPerByte], ql[kQRegs ? NQ : 1][kPerByte];
-  if constexpr (kQRegs) {
-    for (int r = 0; r < NQ; ++r)
-      for (int m = 0; m < kPerByte; ++m) {
-        qh[r][m] = _mm512_load_si512(rows[r].hi + m * 64);
-        ql[r][m] = _mm512_load_si512(rows[r].lo + m * 64);
-      }
+  __m512i qh[kPerByte], ql[kPerByte];
+  for (int m = 0; m < kPerByte; ++m) {
+    qh[m] = _mm512_load_si512(vq.hi + m * 64);
+    ql[m] = _mm512_load_si512(vq.lo + m * 64);
   }
+  const __m512 vs = _mm512_set1_ps(s), vqg = _mm512_loadu_ps(qg);
   alignas(64) std::uint8_t pad[16 * kRB];
   for (std::int64_t t0 = 0; t0 < n; t0 += 16) {
     const std::uint8_t* src = codes + t0 * kRB;
@@ -687,53 +645,31 @@ void VnniKeyScoresT(const std::uint8_t* codes, std::int64_t n, const void* lo, c
       src = pad;
     }
     lq.issue(12);
-    // vector v's words: every row's 256 sum(hi c) + sum(lo c)
-    auto words = [&](int v) HWY_ATTR __attribute__((always_inline)) {
+    __m512i y[kV];
+    for (int v = 0; v < kV; ++v) {
       const __m512i w = _mm512_loadu_si512(src + 64 * v);
-      IV ah, al;
-      for (int r = 0; r < NQ; ++r) ah[r] = al[r] = _mm512_setzero_si512();
+      __m512i ah = _mm512_setzero_si512(), al = _mm512_setzero_si512();
       for (int m = 0; m < kPerByte; ++m) {
         __m512i x = m == 0 ? w : _mm512_srli_epi32(w, static_cast<unsigned>(m * BITS));
         if constexpr (BITS < 8) x = _mm512_and_si512(x, mask);
-        for (int r = 0; r < NQ; ++r) {
-          if constexpr (kQRegs) {
-            ah[r] = Dpbusd(ah[r], x, qh[r][m]);
-            al[r] = Dpbusd(al[r], x, ql[r][m]);
-          } else {
-            ah[r] = DpbusdMem(ah[r], x, rows[r].hi + m * 64);
-            al[r] = DpbusdMem(al[r], x, rows[r].lo + m * 64);
-          }
-        }
+        ah = Dpbusd(ah, x, qh[m]);
+        al = Dpbusd(al, x, ql[m]);
       }
-      IV y;
-      for (int r = 0; r < NQ; ++r) y[r] = _mm512_add_epi32(_mm512_slli_epi32(ah[r], 8), al[r]);
-      return y;
-    };
-    auto pair_int = [](const IV& a, const IV& b) HWY_ATTR __attribute__((always_inline)) {
-      IV y;
-      for (int r = 0; r < NQ; ++r) y[r] = PairSumEpi32(a[r], b[r]);
-      return y;
-    };
-    // output vector i of the integer sums (one lane a row and group), with its metadata
-    auto groups = [&](int i) HWY_ATTR __attribute__((always_inline)) {
-      const IV y = TreeSum<LPG>(i * LPG, words, pair_int);
+      y[v] = _mm512_add_epi32(_mm512_slli_epi32(ah, 8), al);
+    }
+    int cnt = kV;
+    for (int lpg = LPG; lpg > 1; lpg /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) y[j] = PairSumEpi32(y[2 * j], y[2 * j + 1]);
+    __m512 z[kV / LPG];
+    for (int i = 0; i < cnt; ++i) {
       const std::int64_t e = t0 * kG + 16 * i;
       const std::int64_t valid = n * kG - e;
-      const __m512 scv = MetaLoad<kHalf>(sc, e, valid), lov = MetaLoad<kHalf>(lo, e, valid);
-      FV z;
-      for (int r = 0; r < NQ; ++r) {
-        z[r] = _mm512_fmadd_ps(_mm512_mul_ps(scv, _mm512_set1_ps(rows[r].s)), _mm512_cvtepi32_ps(y[r]),
-                               _mm512_mul_ps(lov, _mm512_loadu_ps(rows[r].qg)));
-      }
-      return z;
-    };
-    auto pair_float = [](const FV& a, const FV& b) HWY_ATTR __attribute__((always_inline)) {
-      FV z;
-      for (int r = 0; r < NQ; ++r) z[r] = PairSumPs(a[r], b[r]);
-      return z;
-    };
-    const FV z = TreeSum<kG>(0, groups, pair_float);
-    for (int r = 0; r < NQ; ++r) _mm512_storeu_ps(rows[r].scores + t0, z[r]);  // 16 floats of room past the block
+      z[i] = _mm512_fmadd_ps(_mm512_mul_ps(MetaLoad<kHalf>(sc, e, valid), vs), _mm512_cvtepi32_ps(y[i]),
+                             _mm512_mul_ps(MetaLoad<kHalf>(lo, e, valid), vqg));
+    }
+    for (int g = kG; g > 1; g /= 2, cnt /= 2)
+      for (int j = 0; j < cnt / 2; ++j) z[j] = PairSumPs(z[2 * j], z[2 * j + 1]);
+    _mm512_storeu_ps(scores + t0, z[0]);  // scores has 16 floats of room past the block
   }
 }
 #endif
@@ -879,51 +815,24 @@ void ByKeyShape(const FusedPlan& fk, Go&& go) {
   ByBits(fk.bits, by_r);
 }
 
-// The scores of nq query rows of one KV head (row qi: query vq[qi], rounding
-// step qstep[qi], group sums qg + qi * N, scores S + qi * sstride): on AVX3_DL
-// four rows a call at 1 and 2 bits (the rest a row a call), where sharing the
-// unpacking measured 4-6% of a grouped-query step (1.6-1.7% at 4 bits and at
-// groups of 128: the VNNI instructions bind); on AVX2 a row a call. (Each
-// (BITS, R, LPG) shape is a kernel of its own: four-row forms for every width
-// tripled this file's compile time under the sanitizers.)
 void VnniKeyScores(const FusedPlan& fk, const std::uint8_t* codes, std::int64_t n, const void* lo, const void* sc, bool half,
-                   std::int64_t nq, const VnniQuery* vq, const float* qstep, const float* qg, float* S,
-                   std::int64_t sstride, LineQueue& lq) {
-  const std::int64_t L = static_cast<std::int64_t>(hn::Lanes(DF()));
+                   const VnniQuery& vq, float s, const float* qg, float* scores, LineQueue& lq) {
 #if HWY_TARGET == HWY_AVX3_DL
-  for (std::int64_t qi = 0; qi < nq;) {
-    const int take = nq - qi >= 4 && fk.bits <= 2 ? 4 : 1;
-    VnniKeyRow rows[4];
-    for (int r = 0; r < take; ++r) {
-      const std::int64_t i = qi + r;
-      rows[r] = {vq[i].hi, vq[i].lo, qstep[i], qg + i * L, S + i * sstride};
+  ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // lpg <= R
+    if constexpr (LPG <= R) {
+      if (half) return VnniKeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+      return VnniKeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
     }
-    ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // lpg <= R
-      if constexpr (LPG <= R) {
-        auto go = [&]<int NQ>() HWY_ATTR {
-          if (half) return VnniKeyScoresT<BITS, R, LPG, true, NQ>(codes, n, lo, sc, rows, lq);
-          return VnniKeyScoresT<BITS, R, LPG, false, NQ>(codes, n, lo, sc, rows, lq);
-        };
-        if constexpr (BITS <= 2) {
-          if (take == 4) return go.template operator()<4>();
-        }
-        return go.template operator()<1>();
-      }
-    });
-    qi += take;
-  }
+  });
 #elif HWY_TARGET == HWY_AVX2
-  for (std::int64_t qi = 0; qi < nq; ++qi) {
-    ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // bits <= 4, lpg <= R, R / lpg <= 8
-      if constexpr (BITS <= 4 && LPG <= R && R / LPG <= 8) {
-        if (half) return Avx2KeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq[qi], qstep[qi], qg + qi * L, S + qi * sstride, lq);
-        return Avx2KeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq[qi], qstep[qi], qg + qi * L, S + qi * sstride, lq);
-      }
-    });
-  }
+  ByKeyShape(fk, [&]<int BITS, int R, int LPG>() HWY_ATTR {  // bits <= 4, lpg <= R, R / lpg <= 8
+    if constexpr (BITS <= 4 && LPG <= R && R / LPG <= 8) {
+      if (half) return Avx2KeyScoresT<BITS, R, LPG, true>(codes, n, lo, sc, vq, s, qg, scores, lq);
+      return Avx2KeyScoresT<BITS, R, LPG, false>(codes, n, lo, sc, vq, s, qg, scores, lq);
+    }
+  });
 #else
-  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)nq, (void)vq, (void)qstep, (void)qg, (void)S,
-      (void)sstride, (void)lq, (void)L;
+  (void)fk, (void)codes, (void)n, (void)lo, (void)sc, (void)half, (void)vq, (void)s, (void)qg, (void)scores, (void)lq;
 #endif
 }
 
@@ -1638,7 +1547,10 @@ void HeadRun::Block(std::int64_t t, std::int64_t n, const Scratch& s, LineQueue&
   // Scores of every query row: S[qi][0..n).
   if (use_k && pl.vkeys) {
     const RawRows kr = RawFusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc);
-    VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, nq, q_.vq, q_.qstep, q_.qg, S, sstride, lq);
+    for (std::int64_t qi = 0; qi < nq; ++qi) {
+      VnniKeyScores(fk, kr.codes, n, kr.lo, kr.sc, kr.half, q_.vq[qi],
+                    q_.qstep[qi], q_.qg + qi * L, S + qi * sstride, lq);
+    }
   } else if (use_k) {
     const WordBlock wb(FusedRows(p, 0, fk, b, h, t, n, s.klo, s.ksc), n * fk.R, L);
     const FusedBlock blk{wb, n, s.klo, s.ksc};
