@@ -236,10 +236,8 @@ void flush_windows(SkvqState& st, const RowSource (&src)[2], std::int64_t n_w) {
     if (st.kernel == Kernel::reference) ref::quantize_rows(qp);
     else cpu::quantize_rows(qp);
     const std::int64_t cph = st.codes_per_head(s, nq);
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (st.kernel == Kernel::reference) ref::pack_codes(qp.codes + j * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + j) * D);
-      else cpu::pack_codes(qp.codes + j * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + j) * D);
-    }
+    const auto pack = st.kernel == Kernel::reference ? &ref::pack_codes : &cpu::pack_codes;
+    for (std::int64_t j = 0; j < n; ++j) pack(qp.codes + j * P, D, s.bits, ch.codes.data() + bh * cph, (i0 + j) * D);
     const std::int64_t e0 = (bh * nq + i0) * G;
     for (std::int64_t e = 0; e < n * G; ++e) {
       ref::meta_store(ch.lo.data() + (e0 + e) * m, cfg.metadata, qp.lo[e]);

@@ -47,6 +47,17 @@ void RoundMeta(D d, MetaType meta, V& lo, V& scale) {
   }
 }
 
+// lo and scale of clip factor alpha for groups whose (max + min) / 2 and
+// max - min are mid and rng: the spec's float32 operations, rounded as they
+// will be stored (what is stored is what is scored).
+template <class D, class V>
+HWY_INLINE void FactorMeta(D d, MetaType meta, V alpha, V mid, V rng, V levels, V& lo, V& scale) {
+  const V t = hn::Mul(alpha, rng);
+  lo = hn::Sub(mid, hn::Mul(t, hn::Set(d, 0.5f)));
+  scale = hn::Max(hn::Div(t, levels), hn::Set(d, ref::kMinScaleF32));
+  RoundMeta(d, meta, lo, scale);
+}
+
 // Codes of g consecutive values of one row for one (lo, scale): the
 // reference's operations, a vector at a time, then (g not a multiple of the
 // lanes) one at a time with the same operations in scalar form.
@@ -83,7 +94,7 @@ void QuantizeRowsOneFactor(const QuantParams& p) {
   const int Gp = (G + L - 1) / L * L;
   const float levels_f = static_cast<float>((1 << p.bits) - 1);
   const V levels = hn::Set(d, levels_f), half = hn::Set(d, 0.5f);
-  const V alpha = hn::Set(d, p.grid[0]), floor_scale = hn::Set(d, ref::kMinScaleF32);
+  const V alpha = hn::Set(d, p.grid[0]);
   auto xp = hwy::AllocateAligned<float>(static_cast<std::size_t>(P));
   // per group of the row: minimum, maximum, then lo and scale (lanes past G stay 0)
   auto meta = hwy::AllocateAligned<float>(4 * static_cast<std::size_t>(Gp));
@@ -113,11 +124,8 @@ void QuantizeRowsOneFactor(const QuantParams& p) {
     }
     for (int k = 0; k < G; k += L) {  // the transposed form's operations, a group a lane
       const V gmin = hn::Load(d, gmins + k), gmax = hn::Load(d, gmaxs + k);
-      const V mid = hn::Mul(hn::Add(gmax, gmin), half);
-      const V t = hn::Mul(alpha, hn::Sub(gmax, gmin));
-      V lo = hn::Sub(mid, hn::Mul(t, half));
-      V scale = hn::Max(hn::Div(t, levels), floor_scale);
-      RoundMeta(d, p.meta, lo, scale);
+      V lo, scale;
+      FactorMeta(d, p.meta, alpha, hn::Mul(hn::Add(gmax, gmin), half), hn::Sub(gmax, gmin), levels, lo, scale);
       hn::Store(lo, d, los + k);
       hn::Store(scale, d, scales + k);
     }
@@ -144,7 +152,7 @@ HWY_INLINE void ChooseFactor(D d, const QuantParams& p, const float* grp, int g,
                              V& best_scale) {
   constexpr int kN = NG > 0 ? NG : 1;
   const std::size_t L = hn::Lanes(d);
-  const V zero = hn::Zero(d), half = hn::Set(d, 0.5f), floor_scale = hn::Set(d, ref::kMinScaleF32);
+  const V zero = hn::Zero(d);
   const V levels = hn::Set(d, static_cast<float>((1 << p.bits) - 1));
   const V inv_g = hn::Set(d, 1.0f / static_cast<float>(g));
   const int n = NG > 0 ? NG : p.n_grid;
@@ -152,10 +160,7 @@ HWY_INLINE void ChooseFactor(D d, const QuantParams& p, const float* grp, int g,
   for (int a0 = 0; a0 < n; a0 += kN) {
     V lo[kN], scale[kN], err[kN];
     for (int a = 0; a < kN; ++a) {
-      const V t = hn::Mul(hn::Set(d, p.grid[a0 + a]), rng);
-      lo[a] = hn::Sub(mid, hn::Mul(t, half));
-      scale[a] = hn::Max(hn::Div(t, levels), floor_scale);
-      RoundMeta(d, p.meta, lo[a], scale[a]);  // what is stored is what is scored
+      FactorMeta(d, p.meta, hn::Set(d, p.grid[a0 + a]), mid, rng, levels, lo[a], scale[a]);
       err[a] = zero;
     }
     for (int s = 0; s < g; ++s) {
@@ -193,7 +198,6 @@ void QuantizeRows(const QuantParams& p) {
   const V levels = hn::Set(d, levels_f);
   const V zero = hn::Zero(d);
   const V half = hn::Set(d, 0.5f);
-  const V floor_scale = hn::Set(d, ref::kMinScaleF32);
 
   if (p.n_grid == 1 && g % static_cast<int>(L) == 0) return QuantizeRowsOneFactor(p);
   auto xt = hwy::AllocateAligned<float>(static_cast<std::size_t>(P) * L);  // [P][L] transposed block
@@ -238,10 +242,7 @@ void QuantizeRows(const QuantParams& p) {
 
       V best_lo = zero, best_scale = zero;
       if (p.n_grid == 1) {  // a single clip factor is chosen whatever its error: no scoring
-        const V t = hn::Mul(hn::Set(d, p.grid[0]), rng);
-        best_lo = hn::Sub(mid, hn::Mul(t, half));
-        best_scale = hn::Max(hn::Div(t, levels), floor_scale);
-        RoundMeta(d, p.meta, best_lo, best_scale);
+        FactorMeta(d, p.meta, hn::Set(d, p.grid[0]), mid, rng, levels, best_lo, best_scale);
       } else if (p.n_grid == kDefaultGrid) {
         ChooseFactor<kDefaultGrid>(d, p, grp, g, mid, rng, best_lo, best_scale);
       } else {
