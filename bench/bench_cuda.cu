@@ -6,7 +6,7 @@
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
-//        | --read-floor | --head-dims [D B T] | --chunks (chunked prefill: S new rows after a history of T)
+//        | --read-floor | --head-dims [D B T] | --chunks [S1,S2,...] (chunked prefill: S new rows after a history of T)
 //        | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -693,11 +693,11 @@ void dtypes_table(bool decode) {
 // sees the history and the chunk's rows up to i) over the T + S tokens; Hq = 32, D = 128. The
 // append is timed on a fresh fork of the history's cache each time (the fork untimed); the
 // attention against the project's fp16 kernel over T + S fp16 tokens, same Sq. Medians.
-void chunks_table() {
+void chunks_table(const std::vector<std::int64_t>& sizes) {
   std::printf("\n## Chunked prefill: S new tokens after a history of T (Hq = 32, D = 128; medians)\n\n");
   std::printf("| B | Hkv | T | setting | S | append ms | attend ms | fp16 attend ms | fp16 / skvq attend | attend us a new row |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
-  constexpr std::int64_t kMaxS = 2048;
+  const std::int64_t kMaxS = *std::max_element(sizes.begin(), sizes.end());
   for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {8, 8, 32768}}) {
     const std::size_t hist = static_cast<std::size_t>(B) * Hkv * T * 128, chunk = static_cast<std::size_t>(B) * Hkv * kMaxS * 128;
     const std::size_t dense = static_cast<std::size_t>(B) * Hkv * (T + kMaxS) * 128;
@@ -716,7 +716,7 @@ void chunks_table() {
       cuda::DeviceCache base(make_config(st), B, Hkv, 128, T);
       base.append_device(hk, hv, T);
       CHECK(cudaDeviceSynchronize());
-      for (std::int64_t S : {16, 128, 512, 2048}) {
+      for (const std::int64_t S : sizes) {
         std::unique_ptr<cuda::DeviceCache> c;
         // (the chunk's rows [B, Hkv, S, 128]: the first B * Hkv * S rows of the chunk buffer)
         const double app = time_ms(5, [&] { c->append_device(ck, cv, S); },
@@ -1028,8 +1028,26 @@ int main(int argc, char** argv) {
     dtypes_table(std::strcmp(argv[1], "--dtypes") == 0);
     return 0;
   }
-  if (argc == 2 && std::strcmp(argv[1], "--chunks") == 0) {
-    chunks_table();
+  if ((argc == 2 || argc == 3) && std::strcmp(argv[1], "--chunks") == 0) {
+    std::vector<std::int64_t> sizes{16, 128, 512, 2048};
+    if (argc == 3) {  // --chunks S1,S2,...: other chunk lengths (each 1-65536)
+      sizes.clear();
+      for (const char* c = argv[2]; *c != '\0';) {
+        char* end = nullptr;
+        const long long v = std::strtoll(c, &end, 10);
+        if (end == c || v < 1 || v > 65536 || (*end != ',' && *end != '\0')) {
+          std::fprintf(stderr, "bench_cuda: --chunks '%s': each chunk length must be an integer in 1..65536, comma-separated\n", argv[2]);
+          return 2;
+        }
+        sizes.push_back(v);
+        c = *end == ',' ? end + 1 : end;
+      }
+      if (sizes.empty()) {
+        std::fprintf(stderr, "bench_cuda: --chunks '': give at least one chunk length\n");
+        return 2;
+      }
+    }
+    chunks_table(sizes);
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {
