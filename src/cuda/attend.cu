@@ -955,41 +955,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_imma_kernel(const AttnParams
   const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
   const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
   const std::int64_t limit = valid ? p.kv_len - p.Sq + qi : -1;
-  float qf[4][2][4], qmax = 0.0f, qs[4];
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    qs[ks] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int ch = 32 * ks + imma_key_channel<KB>(2 * t + e, j);
-        qf[ks][e][j] = valid ? qrow[kperm ? kperm[ch] : ch] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
-        qmax = fmaxf(qmax, fabsf(qf[ks][e][j]));
-        qs[ks] += qf[ks][e][j];
-      }
-  }
-  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
-  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
-  const float qstep = q16_step(qmax);
+  float qs[4];
   unsigned qa[4][4];  // per k-step: a0 (row g, high), a1 (row g + 8, low), a2, a3 (k + 16)
-#pragma unroll
-  for (int ks = 0; ks < 4; ++ks) {
-    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
-    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      unsigned hp = 0, lp = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        int hi, lo;
-        q16_split(qf[ks][e][j], qstep, hi, lo);
-        hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
-        lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
-      }
-      qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
-    }
-  }
+  const float qstep = q16_fragments(qrow, kperm, valid, p.scale,
+                                    [t](int ks, int e, int j) { return 32 * ks + imma_key_channel<KB>(2 * t + e, j); }, qa, qs);
 
   // Online softmax of row g over this lane's tokens (the 4 lanes of a row
   // share m; l is this lane's part); acc[vg][n-tile][i] holds channel

@@ -188,43 +188,13 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
     const int gq = valid ? row / p.Sq : 0, qi = valid ? row % p.Sq : 0;
     const float* qrow = p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
     limit[r] = valid ? p.kv_len - p.Sq + qi : -1;
-    float qf[4][2][4], qmax = 0.0f, qs[4];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      qs[ks] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int ch = chunk_key_channel<KB>(32 * ks + 16 * e + 4 * t + j);
-          qf[ks][e][j] = valid ? qrow[kperm ? kperm[ch] : ch] * (p.scale * 1.4426950408889634f) : 0.0f;  // log2 units
-          qmax = fmaxf(qmax, fabsf(qf[ks][e][j]));
-          qs[ks] += qf[ks][e][j];
-        }
-    }
-    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
-    qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
-    qstep[r] = q16_step(qmax);
+    float qs[4];
+    qstep[r] = q16_fragments(qrow, kperm, valid, p.scale,
+                             [t](int ks, int e, int j) { return chunk_key_channel<KB>(32 * ks + 16 * e + 4 * t + j); }, qa[r], qs);
 #pragma unroll
     for (int kg = 0; kg < NG; ++kg) qsg[r][kg] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
-      qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
-      qsg[r][ks >> gshift] += qs[ks];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        unsigned hp = 0, lp = 0;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          int hi, lo;
-          q16_split(qf[ks][e][j], qstep[r], hi, lo);
-          hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
-          lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
-        }
-        qa[r][ks][2 * e] = hp, qa[r][ks][2 * e + 1] = lp;
-      }
-    }
+    for (int ks = 0; ks < 4; ++ks) qsg[r][ks >> gshift] += qs[ks];
   }
 
   // Online softmax of each row over the tokens of this lane (m shared by the row's 4 lanes, l this

@@ -60,6 +60,50 @@ __device__ __forceinline__ void q16_split(float x, float step, int& hi, int& lo)
   hi = (r + 128) >> 8;  // floor: lo in [-128, 127]
   lo = r - 256 * hi;
 }
+// One query row as the A fragments of the integer score MMAs (m16n8k32; a row's 32 channels a lane,
+// its 4 lanes t = lane % 4 together): channel(ks, e, j) is the channel of this lane's value j of
+// half e of k-step ks; q in log2 units (times scale / ln 2; 0 for an invalid row), rounded to 16
+// bits against the row's max |q|. qa[ks][2 e] holds the high bytes, qa[ks][2 e + 1] the low ones;
+// qs[ks] is the row's sum of q over k-step ks (all 4 lanes); returns the rounding step.
+template <typename Channel>
+__device__ __forceinline__ float q16_fragments(const float* qrow, const int* kperm, bool valid, float scale, Channel channel,
+                                               unsigned (&qa)[4][4], float (&qs)[4]) {
+  float qf[4][2][4], qmax = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qs[ks] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int ch = channel(ks, e, j);
+        qf[ks][e][j] = valid ? qrow[kperm ? kperm[ch] : ch] * (scale * 1.4426950408889634f) : 0.0f;  // log2 units
+        qmax = fmaxf(qmax, fabsf(qf[ks][e][j]));
+        qs[ks] += qf[ks][e][j];
+      }
+  }
+  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 1));
+  qmax = fmaxf(qmax, __shfl_xor_sync(0xffffffffu, qmax, 2));
+  const float qstep = q16_step(qmax);
+#pragma unroll
+  for (int ks = 0; ks < 4; ++ks) {
+    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 1);
+    qs[ks] += __shfl_xor_sync(0xffffffffu, qs[ks], 2);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      unsigned hp = 0, lp = 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        int hi, lo;
+        q16_split(qf[ks][e][j], qstep, hi, lo);
+        hp |= static_cast<unsigned>(hi & 0xFF) << (8 * j);
+        lp |= static_cast<unsigned>(lo & 0xFF) << (8 * j);
+      }
+      qa[ks][2 * e] = hp, qa[ks][2 * e + 1] = lp;
+    }
+  }
+  return qstep;
+}
 struct W16 {
   float step, inv;  // u ~ r * step, r = rint(u * inv) in [0, 65535]
   __device__ __forceinline__ unsigned round(float u) const { return __float2uint_rn(fminf(u * inv, 65535.0f)); }
