@@ -2483,13 +2483,11 @@ void launch_fast_rows(const AttnParams& p, int splits, cudaStream_t stream) {
     // row_groups_a_launch(p.B) groups a launch: the groups' blocks stream the tiles side by side
     // (one launch a group ran them one after another, each a short grid: a prefill chunk cost
     // about a decode step a query position).
-    const int groups = row_groups(p), per = row_groups_a_launch(p.B);
     with_fast_kernel<KB, VB>(p, rows, [&](auto kernel) {
       allow_smem(kernel, smem);
-      for (int g0 = 0; g0 < groups; g0 += per) {
-        const int ng = std::min(per, groups - g0);
-        launch_body(kernel, dim3(splits, p.Hkv, static_cast<unsigned>(p.B * ng)), smem, stream, p, g0 * rows);
-      }
+      for_row_group_launches(row_groups(p), rows, p.B, [&](int row, int ng) {
+        launch_body(kernel, dim3(splits, p.Hkv, static_cast<unsigned>(p.B * ng)), smem, stream, p, row);
+      });
     });
     return;
   }

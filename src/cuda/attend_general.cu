@@ -390,8 +390,8 @@ void launch_general_rows(const AttnParams& p, cudaStream_t stream, int exact_bas
   };
   // the whole groups of four rows side by side, row_groups_a_launch(B) of them a launch; then the
   // two or one left
-  const int fours = n_rows / 4, per = row_groups_a_launch(p.B);
-  for (int g0 = 0; g0 < fours; g0 += per) launch(general_kernel<KB, VB, META, 4, DENSE>, 4, 4 * g0, std::min(per, fours - g0));
+  const int fours = n_rows / 4;
+  for_row_group_launches(fours, 4, p.B, [&](int row, int ng) { launch(general_kernel<KB, VB, META, 4, DENSE>, 4, row, ng); });
   for (int row = 4 * fours; row < n_rows;) {
     const int nq = n_rows - row >= 2 ? 2 : 1;
     if (nq == 2) launch(general_kernel<KB, VB, META, 2, DENSE>, 2, row, 1);

@@ -539,12 +539,10 @@ void launch_tc_rows(const AttnParams& p, cudaStream_t stream) {
   allow_smem(kernel, tc_smem<D>());
   // every group of kRows query rows in one launch (blockIdx.z = group * B + b; at most
   // row_groups_a_launch(B) groups a launch), as the tuned path's integer tensor-core kernel
-  const int groups = tc_row_groups(p), per = row_groups_a_launch(p.B);
-  for (int g0 = 0; g0 < groups; g0 += per) {
-    const int ng = std::min(per, groups - g0);
-    kernel<<<dim3(p.body_splits, p.Hkv, static_cast<unsigned>(p.B * ng)), kThreads, tc_smem<D>(), stream>>>(p, g0 * kRows);
+  for_row_group_launches(tc_row_groups(p), kRows, p.B, [&](int row, int ng) {
+    kernel<<<dim3(p.body_splits, p.Hkv, static_cast<unsigned>(p.B * ng)), kThreads, tc_smem<D>(), stream>>>(p, row);
     SKVQ_CUDA_LAUNCH_CHECK();
-  }
+  });
 }
 
 // The blocks of the kernel that fit an SM at once (looked up once a kernel).

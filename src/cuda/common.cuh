@@ -48,6 +48,13 @@ inline int row_groups_a_launch(int B) {
   static const int cap = env_int("SKVQ_CUDA_IMMA_GROUPS", 65535);
   return std::max(1, std::min(cap, 65535 / std::max(B, 1)));
 }
+// Calls launch(first_row, n_groups) once a launch for `groups` groups of `rows` query rows each, at
+// most row_groups_a_launch(B) groups a launch (the kernel's grid z: n_groups * B).
+template <typename F>
+void for_row_group_launches(int groups, int rows, int B, F&& launch) {
+  const int per = row_groups_a_launch(B);
+  for (int g0 = 0; g0 < groups; g0 += per) launch(g0 * rows, std::min(per, groups - g0));
+}
 
 // Raises a kernel's function attribute to at least `value`: the runtime is
 // called only when the value rises above what this process already set, so a
