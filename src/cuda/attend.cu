@@ -2271,19 +2271,22 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // 128, through attn_tmma_kernel's one-row form (tmma_one_row); other one or two rows per KV head through
 // attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
 // four (grouped-query decode) through attn_tmma_kernel, more (wider groups,
-// prefill) through attn_imma_kernel, 8 rows a block, and from chunk_min_rows() rows through the
+// prefill) through attn_imma_kernel, 8 rows a block, and from chunk_min_rows(p) rows through the
 // chunk kernel (attend_chunk.cu), 64 rows a block. SKVQ_CUDA_BODY=chunk forces the chunk kernel
 // where its shapes allow.
 enum class Body { fast, imma, tmma, rs, chunk };
-// Query rows a KV head from which the chunk kernel takes the packed body by default: a whole block
-// of kChunkRows (session 51, docs/performance.md "Chunked prefill (session 51)": at 64 rows, 1.1x
-// faster than the integer tensor-core kernel at K2V2 g128 and 1.35x at K4V4; below a block, its
-// idle rows cost what full ones do, where the other kernel's work shrinks by 8 rows at a time);
-// SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
-constexpr int kChunkMinRows = kChunkRows;
-int chunk_min_rows() {
-  static const int n = env_int("SKVQ_CUDA_CHUNK_ROWS", kChunkMinRows);
-  return n;
+// Query rows a KV head from which the chunk kernel takes the packed body by default: 48 with 2-bit
+// keys, 40 with wider ones. Below a whole block of kChunkRows its idle rows cost what full ones do,
+// where the integer tensor-core kernel's work shrinks by 8 rows at a time; measured side by side
+// (session 53, H100, `bench_cuda --chunks 8,10,12,14,16` with SKVQ_CUDA_CHUNK_ROWS=0 and =1, G = 4;
+// docs/performance.md "Chunked prefill (session 53)"): at 48 rows the chunk kernel is 8% slower at
+// B=1 Hkv=8 32k K2V2 g128 and 9-18% faster at 128k and at B=8; at 40 rows 7-17% slower at K2V2 B=1;
+// with 4-bit keys and values 9-48% faster from 40 rows (at 32 rows 9% slower to 14% faster); at 64
+// rows (session 51's threshold) 1.07-2.1x faster. SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
+int chunk_min_rows(const AttnParams& p) {
+  static const int n = env_int("SKVQ_CUDA_CHUNK_ROWS", -1);
+  if (n >= 0) return n;
+  return p.k.bits == 2 ? 48 : 40;
 }
 // Settings whose single query row a KV head goes through the token-major kernel's one-row form by
 // default. Measured against the one-token-per-lane kernel (docs/performance-history.md): 7-15% faster
@@ -2314,7 +2317,7 @@ Body body_kernel(const AttnParams& p) {
     case 4: return chunk ? Body::chunk : Body::fast;
     default: break;
   }
-  if (chunk && chunk_min_rows() > 0 && rows >= chunk_min_rows()) return Body::chunk;
+  if (chunk && chunk_min_rows(p) > 0 && rows >= chunk_min_rows(p)) return Body::chunk;
   if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
   if (tmma && rows == 1 && tmma_one_row(p.k.bits, p.v.bits, p.group)) return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
