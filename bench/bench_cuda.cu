@@ -697,17 +697,17 @@ void chunks_table(const std::vector<std::int64_t>& sizes) {
   std::printf("\n## Chunked prefill: S new tokens after a history of T (Hq = 32, D = 128; medians)\n\n");
   std::printf("| B | Hkv | T | setting | S | append ms | attend ms | fp16 attend ms | fp16 / skvq attend | attend us a new row |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
-  const std::int64_t kMaxS = *std::max_element(sizes.begin(), sizes.end());
+  const std::int64_t max_s = *std::max_element(sizes.begin(), sizes.end());
   for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {1, 8, 131072}, {8, 8, 32768}}) {
-    const std::size_t hist = static_cast<std::size_t>(B) * Hkv * T * 128, chunk = static_cast<std::size_t>(B) * Hkv * kMaxS * 128;
-    const std::size_t dense = static_cast<std::size_t>(B) * Hkv * (T + kMaxS) * 128;
+    const std::size_t hist = static_cast<std::size_t>(B) * Hkv * T * 128, chunk = static_cast<std::size_t>(B) * Hkv * max_s * 128;
+    const std::size_t dense = static_cast<std::size_t>(B) * Hkv * (T + max_s) * 128;
     __half *hk, *hv, *ck, *cv, *dk, *dv;
     float *q, *out;
     for (auto [p, n] : {std::pair{&hk, hist}, {&hv, hist}, {&ck, chunk}, {&cv, chunk}, {&dk, dense}, {&dv, dense}}) {
       CHECK(cudaMalloc(p, n * 2));
       random_half(*p, n, static_cast<std::uint32_t>(n % 997));
     }
-    const std::size_t qn = static_cast<std::size_t>(B) * 32 * kMaxS * 128;
+    const std::size_t qn = static_cast<std::size_t>(B) * 32 * max_s * 128;
     CHECK(cudaMalloc(&q, qn * 4));
     CHECK(cudaMalloc(&out, qn * 4));
     fill_random_f32<<<256, 256>>>(q, qn, 7);

@@ -2317,7 +2317,8 @@ Body body_kernel(const AttnParams& p) {
     case 4: return chunk ? Body::chunk : Body::fast;
     default: break;
   }
-  if (chunk && chunk_min_rows(p) > 0 && rows >= chunk_min_rows(p)) return Body::chunk;
+  const int chunk_from = chunk_min_rows(p);
+  if (chunk && chunk_from > 0 && rows >= chunk_from) return Body::chunk;
   if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
   if (tmma && rows == 1 && tmma_one_row(p.k.bits, p.v.bits, p.group)) return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
