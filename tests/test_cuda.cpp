@@ -1206,14 +1206,29 @@ TEST(Cuda, LargeCachesMoveThroughStaging) {
   }
 }
 
+// A host tensor's bytes in device memory, `offset` bytes past an allocation's (256-byte-aligned)
+// start; or `bytes` of room there.
+struct DeviceBytes {
+  void* base = nullptr;
+  void* p = nullptr;
+  DeviceBytes(std::size_t bytes, std::size_t offset) : base(cuda::device_alloc(bytes + 16)), p(static_cast<char*>(base) + offset) {}
+  explicit DeviceBytes(const Tensor& t, std::size_t offset = 0) : DeviceBytes(t.nbytes(), offset) {
+    cuda::copy_to_device(p, t.data(), t.nbytes());
+  }
+  ~DeviceBytes() { cuda::device_free(base); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  DeviceBytes& operator=(const DeviceBytes&) = delete;
+};
+
 // The host-tensor calls move through pinned staging sets (device_cache.cu, CallStaging): an append of
 // 8 MiB or more goes in pieces of whole windows (here windows of 100 rows, so a piece of 1000 tokens
 // leaves none in the tail and the last piece does), from fp32 or bf16, contiguous or strided, and gives
 // the state of a CPU cache fed the same rows rounded to fp16; a refused append (past the capacity, or
 // a bad value in its last piece) leaves the cache as it was; an attention call whose query and output
-// pass the sets' 8 MiB (a set grown for it and freed after) and the small calls after it give the CPU
-// reference's output; and calls from several threads at once, each on its own cache, give what one
-// thread gives.
+// pass the sets' 8 MiB (a set grown for it and freed after) and the small calls after it give what
+// the same calls through device tensors give, and the CPU reference's output; 16-bit queries give
+// what their values as fp32 give; and calls from several threads at once, each on its own cache, give
+// what one thread gives.
 TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   REQUIRE_GPU();
   const Config cfg = gpu_config(100, 4, 32, 2, 2, MetaType::fp16);
@@ -1260,13 +1275,32 @@ TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   cpu.append(f32.k16.view().slice_tokens(17, T - 17), f32.v16.view().slice_tokens(17, T - 17));
   gpu.append(f32.k.view().slice_tokens(17, T - 17), f32.v.slice_tokens(17, T - 17));
   ASSERT_TRUE(gpu.to_host().same_state(cpu));
-  // a query of 300 rows of 32 heads (9.8 MB with its output), then one row
+  // A query of 300 rows of 32 heads (9.8 MB, its output as much: past the staging's 8 MiB), then one
+  // row. The host call gives the same attention as device tensors do (to the last bits: summation
+  // orders may differ, attend_device's note), and its last rows
+  // (those of a call's last m rows see what a call of m rows sees) are the CPU reference's: checking
+  // all 300 rows against the reference took minutes of CPU time.
   const Tensor kc = Tensor::copy_of(f32.k16.view(), DType::f32), vc = Tensor::copy_of(f32.v16.view(), DType::f32);
   for (std::int64_t sq : {std::int64_t{300}, std::int64_t{1}}) {
+    const std::string what = "Sq=" + std::to_string(sq);
     const Tensor q = randn({B, 4 * H, sq, 128}, static_cast<std::uint32_t>(45 + sq), DType::f32);
-    const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 0});
-    expect_close(cpu, q.view(), kc.view(), vc.view(), 0.1f, gpu.attend(q.view(), 0.1f).view(), want.view(),
-                 "Sq=" + std::to_string(sq));
+    const Tensor got = gpu.attend(q.view(), 0.1f);
+    const DeviceBytes dq(q), dout(got.nbytes(), 0);
+    gpu.attend_device(static_cast<const float*>(dq.p), 4 * H, sq, 0.1f, static_cast<float*>(dout.p));
+    Tensor on_device(DType::f32, got.shape());
+    cuda::copy_to_host(on_device.data(), dout.p, on_device.nbytes());
+    EXPECT_LT(rel_l2(got.view(), on_device.view()), 1e-6) << what;
+    const std::int64_t m = std::min<std::int64_t>(sq, 3);
+    const Tensor q_last = Tensor::copy_of(q.view().slice_tokens(sq - m, m), DType::f32);
+    const Tensor want = attend(cpu, q_last.view(), 0.1f, AttendOptions{Kernel::reference, 0});
+    expect_close(cpu, q_last.view(), kc.view(), vc.view(), 0.1f, Tensor::copy_of(got.view().slice_tokens(sq - m, m), DType::f32).view(),
+                 want.view(), what);
+    // 16-bit queries (uploaded as they are from 1 MiB of fp32, as fp32 below): the result of the
+    // same values given as fp32
+    for (DType t : {DType::f16, DType::bf16}) {
+      const Tensor q16 = Tensor::copy_of(q.view(), t), q16f = Tensor::copy_of(q16.view(), DType::f32);
+      EXPECT_LT(rel_l2(gpu.attend(q16.view(), 0.1f).view(), gpu.attend(q16f.view(), 0.1f).view()), 1e-6) << dtype_name(t) << " " << what;
+    }
   }
   // four threads, each its own cache (fp32 or bf16 input, in pieces of their own), side by side
   const Tensor q1 = randn({B, 4 * H, 1, 128}, 47, DType::f32);
@@ -1292,20 +1326,6 @@ TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   expect_error([&] { small.append(f32.k.view().slice_tokens(0, 11), f32.v.slice_tokens(0, 11)); }, {"context 11", "capacity=10"});
   EXPECT_EQ(small.offset(), 0);
 }
-
-// A host tensor's bytes in device memory, `offset` bytes past an allocation's (256-byte-aligned)
-// start; or `bytes` of room there.
-struct DeviceBytes {
-  void* base = nullptr;
-  void* p = nullptr;
-  DeviceBytes(std::size_t bytes, std::size_t offset) : base(cuda::device_alloc(bytes + 16)), p(static_cast<char*>(base) + offset) {}
-  explicit DeviceBytes(const Tensor& t, std::size_t offset = 0) : DeviceBytes(t.nbytes(), offset) {
-    cuda::copy_to_device(p, t.data(), t.nbytes());
-  }
-  ~DeviceBytes() { cuda::device_free(base); }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-};
 
 // Every element of got within rel * |want| + abs of want.
 void expect_within(const Tensor& got, const Tensor& want, double rel, double abs, const std::string& what) {

@@ -136,7 +136,9 @@ class DeviceCache {
   // Same with host tensors (any dtype/strides); returns [B, Hq, Sq, Dv] fp32.
   // Through the same staging buffers as append() (a set grown past 8 MiB for
   // a long query is freed after the call); on the legacy default stream, and
-  // waits for the result.
+  // waits for the result. Queries move as fp32, except fp16 and bf16 ones of
+  // 1 MiB or more as fp32 (prefill), which move as they are (half the bytes)
+  // and are widened on the device as above.
   Tensor attend(const TensorView& queries, float scale) const;
 
   const Config& config() const;  // as given, dense_view off (the device cache is packed-only)

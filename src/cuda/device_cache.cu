@@ -791,6 +791,9 @@ void DeviceCache::attend_device(const void* q, DType q_type, std::int64_t num_q_
   run_attention(p, false, num_splits, out, stream);
 }
 
+// fp32 bytes of a host attend()'s queries from which 16-bit ones are uploaded as they are.
+constexpr std::int64_t kWideQueryBytes = std::int64_t{1} << 20;
+
 Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   const DeviceCacheImpl& d = impl();
   if (queries.shape[0] != d.B || queries.shape[3] != d.k.D) {
@@ -800,13 +803,18 @@ Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   d.check_attend(Hq, Sq);
   if (queries.data == nullptr) throw Error("skvq: cuda attend: queries have no data");
   Tensor out(DType::f32, {d.B, Hq, Sq, d.v.D});
-  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * 4;
+  // Long 16-bit queries (prefill) travel as they are, half the bytes of fp32, and are widened on the
+  // device (exactly; one small kernel more); shorter ones, and fp32 ones, as fp32: below about 1 MiB
+  // the bytes saved take less time than that kernel's launch.
+  const bool q16 = queries.dtype == DType::f16 || queries.dtype == DType::bf16;
+  const DType qt = q16 && queries.numel() * 4 >= kWideQueryBytes ? queries.dtype : DType::f32;
+  const std::size_t qbytes = static_cast<std::size_t>(queries.numel()) * dtype_size(qt);
   const std::size_t at = (qbytes + 255) / 256 * 256;  // the output's place in the device buffer
   StagingLease st(at + out.nbytes());
-  rows_into(queries, 0, Sq, DType::f32, st->host_buffer(0));
+  rows_into(queries, 0, Sq, qt, st->host_buffer(0));
   st->upload(0, 0, qbytes);
   auto* dout = reinterpret_cast<float*>(st->dev + at);
-  attend_device(reinterpret_cast<const float*>(st->dev), Hq, Sq, scale, dout);
+  attend_device(st->dev, qt, Hq, Sq, scale, dout, DType::f32);
   unsigned char* h = st->host_buffer(1);
   SKVQ_CUDA_CHECK(cudaMemcpyAsync(h, dout, out.nbytes(), cudaMemcpyDeviceToHost, cudaStreamLegacy));
   SKVQ_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
