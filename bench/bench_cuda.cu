@@ -298,11 +298,16 @@ void decode_table(double bw, bool quick) {
   std::vector<int> Bs = {1, 8, 32}, Hs = {32, 8};
   std::vector<std::int64_t> Ts = {4096, 32768, 131072, 524288};
   if (quick) Bs = {1}, Ts = {4096, 32768};
+  // fp16 histories up to 72 GB on the H200 (141 GB), up to half the memory on a smaller card (an
+  // H100's 80 GB: up to 40 GB), leaving room for the packed caches
+  std::size_t free_bytes = 0, total_bytes = 0;
+  CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const double max_fp16_bytes = std::min(72e9, 0.5 * static_cast<double>(total_bytes));
   for (int B : Bs)
     for (int Hkv : Hs)
       for (std::int64_t T : Ts) {
         const double fp16_bytes = 2.0 * B * Hkv * T * 128 * 2;
-        if (fp16_bytes > 72e9) continue;  // leave room for the packed caches
+        if (fp16_bytes > max_fp16_bytes) continue;
         const std::size_t n = static_cast<std::size_t>(B) * Hkv * T * 128;
         const int L16 = stack_layers(fp16_bytes);
         const Fp16Layers fp16(n, L16, static_cast<std::uint32_t>(T + B), static_cast<std::uint32_t>(T + Hkv));
