@@ -59,13 +59,14 @@ void run_case(const Case& c, std::uint32_t seed, bool const_values = false) {
   const Tensor refo = attend(cache, q.view(), scale, AttendOptions{Kernel::reference, 1});
   const Tensor one_thread = attend(cache, q.view(), scale, AttendOptions{Kernel::simd, 1});
   const double u = unit_roundoff(c.dtype);
+  RowBounds bounds(cache, q.view(), kd, vd, scale, c.G);
   for (std::int64_t b = 0; b < c.B; ++b)
     for (std::int64_t hq = 0; hq < c.H * c.G; ++hq)
       for (std::int64_t i = 0; i < c.Sq; ++i) {
-        const RowScale rs = row_scale(q.view(), kd, vd, scale, b, hq, i, c.G);
+        const RowScale rs = bounds.row_scale(b, hq, i);
         // float32 kernels vs each other: dot and sum rounding, a few ulp of exp;
         // the fused path's terms are as large as ak / av, and its 16-bit q moves scores by qk.
-        const PackedBound pb = packed_bound(cache, q.view(), scale, b, hq, i, c.G);
+        const PackedBound pb = bounds.packed_bound(b, hq, i);
         const double vb = std::max(rs.vmax, pb.av);
         // Scores: dot products of D terms (both kernels); weighted sums: T terms.
         const double ds = static_cast<double>(c.D + 16) * kU32 * (2 * rs.s_abs + pb.ak) + pb.qk;

@@ -657,11 +657,12 @@ void expect_close(const SkvqCache& cpu, const TensorView& q, const TensorView& k
   }
   constexpr double u = 0x1p-24;
   const std::int64_t G = q.shape[1] / k.shape[1], T = k.shape[2], D = k.shape[3];
+  RowBounds bounds(cpu, q, k, v, scale, G);
   for (std::int64_t b = 0; b < q.shape[0]; ++b)
     for (std::int64_t hq = 0; hq < q.shape[1]; ++hq)
       for (std::int64_t i = 0; i < q.shape[2]; ++i) {
-        const RowScale rs = row_scale(q, k, v, scale, b, hq, i, G);
-        const PackedBound pb = packed_bound(cpu, q, scale, b, hq, i, G);
+        const RowScale rs = bounds.row_scale(b, hq, i);
+        const PackedBound pb = bounds.packed_bound(b, hq, i);
         const double vb = std::max(rs.vmax, pb.av);
         const double ds = static_cast<double>(D + 16) * u * (2 * rs.s_abs + pb.ak) + pb.qk;
         // + the 16-bit value weights of the pipelined kernels: blocks of at most 64 tokens (32, but 64

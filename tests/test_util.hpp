@@ -112,19 +112,6 @@ struct RowScale {
   double s_abs = 0, vmax = 0;
 };
 
-inline RowScale row_scale(const TensorView& q, const TensorView& k, const TensorView& v, float scale, std::int64_t b,
-                   std::int64_t hq, std::int64_t i, std::int64_t G) {
-  RowScale r;
-  const std::int64_t h = hq / G, T = k.shape[2], Sq = q.shape[2];
-  for (std::int64_t t = 0; t <= T - Sq + i; ++t) {
-    double s = 0;
-    for (std::int64_t d = 0; d < q.shape[3]; ++d) s += std::fabs(static_cast<double>(q.at(b, hq, i, d)) * k.at(b, h, t, d));
-    r.s_abs = std::max(r.s_abs, s * scale);
-    for (std::int64_t d = 0; d < v.shape[3]; ++d) r.vmax = std::max(r.vmax, std::fabs(static_cast<double>(v.at(b, h, t, d))));
-  }
-  return r;
-}
-
 // The fused attention kernels (CPU SIMD, CUDA) read packed rows as x = lot + sct * f with
 // sct = scale * 2^bits, lot = lo - sct, f in [1, 2), and (AVX3_DL, AVX2, CUDA) form the
 // codes' part of q . x from q rounded to 16 bits (|q - q~| <= max|q| / 65024).
@@ -138,49 +125,112 @@ struct PackedBound {
   double ak = 0, qk = 0, av = 0, vq = 0;
 };
 
-inline PackedBound packed_bound(const SkvqCache& cache, const TensorView& q, float scale, std::int64_t b, std::int64_t hq,
-                         std::int64_t i, std::int64_t G) {
-  PackedBound pb;
-  const detail::SkvqState& st = cache.state();
-  if (!st.initialized) return pb;
-  const std::int64_t h = hq / G, bh = b * st.heads + h, D = st.k.head_dim;
-  std::vector<double> qa(static_cast<std::size_t>(D));
-  double qmax = 0;
-  for (std::int64_t j = 0; j < D; ++j) {
-    const std::int64_t src = st.k.perm.empty() ? j : st.k.perm[static_cast<std::size_t>(h * D + j)];
-    qa[static_cast<std::size_t>(j)] = std::fabs(static_cast<double>(q.at(b, hq, i, src))) * scale;
-    qmax = std::max(qmax, qa[static_cast<std::size_t>(j)]);
+// RowScale and PackedBound of the query rows [B, Hq, Sq, D] of one attention call over keys k and
+// values v [B, Hkv, T, D] (row i sees tokens [0, T - Sq + i]) and the packed rows of `cache`. What
+// does not depend on the query row (the keys and the metadata as doubles, the values' running
+// maximum, the value side's bound) is computed once a KV head, for the rows of a (b, KV head) asked
+// one after the other: the GPU tests bound thousands of rows over thousands of tokens.
+class RowBounds {
+ public:
+  RowBounds(const SkvqCache& cache, const TensorView& q, const TensorView& k, const TensorView& v, float scale, std::int64_t G)
+      : cache_(cache), q_(q), k_(k), v_(v), scale_(scale), G_(G) {}
+
+  RowScale row_scale(std::int64_t b, std::int64_t hq, std::int64_t i) {
+    load(b, hq / G_);
+    RowScale r;
+    const std::int64_t T = k_.shape[2], Sq = q_.shape[2], D = q_.shape[3], last = T - Sq + i;
+    std::vector<double> qd(static_cast<std::size_t>(D));
+    for (std::int64_t d = 0; d < D; ++d) qd[static_cast<std::size_t>(d)] = static_cast<double>(q_.at(b, hq, i, d));
+    for (std::int64_t t = 0; t <= last; ++t) {
+      const double* kt = kd_.data() + t * k_.shape[3];
+      double s = 0;
+      for (std::int64_t d = 0; d < D; ++d) s += std::fabs(qd[static_cast<std::size_t>(d)] * kt[d]);
+      r.s_abs = std::max(r.s_abs, s * scale_);
+    }
+    if (last >= 0) r.vmax = vmax_[static_cast<std::size_t>(last)];
+    return r;
   }
-  const int mb = meta_bytes(st.cfg.metadata), g = st.cfg.group_size;
-  for (int side = 0; side < 2; ++side) {
-    const detail::Side& s = side == 0 ? st.k : st.v;
-    const std::int64_t Gs = st.groups(s), two_b = std::int64_t{1} << s.bits;
-    for (const detail::PackedChunk& ch : s.chunks) {
-      const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
-      for (std::int64_t r = 0; r < ch.n_rows; ++r) {
-        double ak = 0, qk = 0, los = 0;
-        for (std::int64_t j = 0; j < s.head_dim; ++j) {
-          const std::int64_t at = bh * mph + (r * Gs + j / g) * mb;
-          const double lo = std::fabs(ref::meta_load(ch.lo.data() + at, st.cfg.metadata));
-          const double sc = std::fabs(ref::meta_load(ch.scale.data() + at, st.cfg.metadata));
-          if (side == 0) {
-            ak += qa[static_cast<std::size_t>(j)] * (lo + 3.0 * two_b * sc);
-            qk += (two_b - 1) * sc;
-            los += lo;
-          } else {
-            pb.av = std::max(pb.av, lo + 3.0 * two_b * sc);
-            pb.vq = std::max(pb.vq, 128.0 * static_cast<double>(two_b - 1) * sc / 64000.0);
+
+  PackedBound packed_bound(std::int64_t b, std::int64_t hq, std::int64_t i) {
+    load(b, hq / G_);
+    PackedBound pb;
+    const detail::SkvqState& st = cache_.state();
+    if (!st.initialized) return pb;
+    const std::int64_t h = hq / G_, D = st.k.head_dim;
+    std::vector<double> qa(static_cast<std::size_t>(D));
+    double qmax = 0;
+    for (std::int64_t j = 0; j < D; ++j) {
+      const std::int64_t src = st.k.perm.empty() ? j : st.k.perm[static_cast<std::size_t>(h * D + j)];
+      qa[static_cast<std::size_t>(j)] = std::fabs(static_cast<double>(q_.at(b, hq, i, src))) * scale_;
+      qmax = std::max(qmax, qa[static_cast<std::size_t>(j)]);
+    }
+    for (std::size_t r = 0; r < key_qk_.size(); ++r) {
+      const double* w = key_w_.data() + r * static_cast<std::size_t>(D);
+      double ak = 0;
+      for (std::int64_t j = 0; j < D; ++j) ak += qa[static_cast<std::size_t>(j)] * w[j];
+      pb.ak = std::max(pb.ak, ak);
+      // + the CUDA token-major kernel's lo term by an fp16 MMA: q's group sums in two fp16 parts
+      // after a power-of-two scale, 2^-25 2^e <= 2^-25 max|q| GS absolute a group (fp16
+      // subnormals; docs/numerics.md), taken twice
+      pb.qk = std::max(pb.qk, qmax / 65024.0 * key_qk_[r] + 0x1p-24 * qmax * key_los_[r]);
+    }
+    pb.av = av_;
+    pb.vq = vq_;
+    return pb;
+  }
+
+ private:
+  void load(std::int64_t b, std::int64_t h) {
+    if (b == b_ && h == h_) return;
+    b_ = b, h_ = h;
+    const std::int64_t T = k_.shape[2], D = k_.shape[3];
+    kd_.assign(static_cast<std::size_t>(T * D), 0.0);
+    vmax_.assign(static_cast<std::size_t>(T), 0.0);
+    double vm = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t d = 0; d < D; ++d) kd_[static_cast<std::size_t>(t * D + d)] = k_.at(b, h, t, d);
+      for (std::int64_t d = 0; d < v_.shape[3]; ++d) vm = std::max(vm, std::fabs(static_cast<double>(v_.at(b, h, t, d))));
+      vmax_[static_cast<std::size_t>(t)] = vm;
+    }
+    key_w_.clear(), key_qk_.clear(), key_los_.clear();
+    av_ = vq_ = 0;
+    const detail::SkvqState& st = cache_.state();
+    if (!st.initialized) return;
+    const std::int64_t bh = b * st.heads + h;
+    const int mb = meta_bytes(st.cfg.metadata), g = st.cfg.group_size;
+    for (int side = 0; side < 2; ++side) {
+      const detail::Side& s = side == 0 ? st.k : st.v;
+      const std::int64_t Gs = st.groups(s), two_b = std::int64_t{1} << s.bits;
+      for (const detail::PackedChunk& ch : s.chunks) {
+        const std::int64_t mph = st.meta_per_head(s, ch.n_rows);
+        for (std::int64_t r = 0; r < ch.n_rows; ++r) {
+          double qk = 0, los = 0;
+          for (std::int64_t j = 0; j < s.head_dim; ++j) {
+            const std::int64_t at = bh * mph + (r * Gs + j / g) * mb;
+            const double lo = std::fabs(ref::meta_load(ch.lo.data() + at, st.cfg.metadata));
+            const double sc = std::fabs(ref::meta_load(ch.scale.data() + at, st.cfg.metadata));
+            if (side == 0) {
+              key_w_.push_back(lo + 3.0 * two_b * sc);
+              qk += (two_b - 1) * sc;
+              los += lo;
+            } else {
+              av_ = std::max(av_, lo + 3.0 * two_b * sc);
+              vq_ = std::max(vq_, 128.0 * static_cast<double>(two_b - 1) * sc / 64000.0);
+            }
           }
+          if (side == 0) key_qk_.push_back(qk), key_los_.push_back(los);
         }
-        pb.ak = std::max(pb.ak, ak);
-        // + the CUDA token-major kernel's lo term by an fp16 MMA: q's group sums in two fp16 parts
-        // after a power-of-two scale, 2^-25 2^e <= 2^-25 max|q| GS absolute a group (fp16
-        // subnormals; docs/numerics.md), taken twice
-        pb.qk = std::max(pb.qk, qmax / 65024.0 * qk + 0x1p-24 * qmax * los);
       }
     }
   }
-  return pb;
-}
+
+  const SkvqCache& cache_;
+  TensorView q_, k_, v_;
+  float scale_;
+  std::int64_t G_, b_ = -1, h_ = -1;
+  std::vector<double> kd_, vmax_;                // the KV head's keys, the values' running max |v|
+  std::vector<double> key_w_, key_qk_, key_los_;  // per packed key row (and channel, w)
+  double av_ = 0, vq_ = 0;
+};
 
 }  // namespace skvq::test
