@@ -1278,9 +1278,9 @@ TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   ASSERT_TRUE(gpu.to_host().same_state(cpu));
   // A query of 300 rows of 32 heads (9.8 MB, its output as much: past the staging's 8 MiB), then one
   // row. The host call gives the same attention as device tensors do (to the last bits: summation
-  // orders may differ, attend_device's note), and its last rows
-  // (those of a call's last m rows see what a call of m rows sees) are the CPU reference's: checking
-  // all 300 rows against the reference took minutes of CPU time.
+  // orders may differ, attend_device's note), and its last m rows are the CPU reference's for those
+  // m rows alone (the last m rows of a call see what a call of m rows sees): checking all 300 rows
+  // against the reference took minutes of CPU time.
   const Tensor kc = Tensor::copy_of(f32.k16.view(), DType::f32), vc = Tensor::copy_of(f32.v16.view(), DType::f32);
   for (std::int64_t sq : {std::int64_t{300}, std::int64_t{1}}) {
     const std::string what = "Sq=" + std::to_string(sq);
