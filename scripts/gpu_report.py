@@ -36,7 +36,11 @@ def table(dec, copy, key):
         ms = lambda k: float(d[k].get(key, "nan")) if k in d else math.nan
         pct = lambda k: 100 * float(d[k]["bytes"]) / (ms(k) * 1e-3) / 1e9 / copy if k in d and ms(k) > 0 else math.nan
         t = ms("torch_flash")
-        cells = [f"{ms(k):.4f}" for k in KERNELS] + [f"{pct(k):.0f}%" for k in PACKED] + [f"{t / ms(k):.2f}x" for k in PACKED]
+        # "-": not measured (an fp16 history larger than the benchmark allocates, or a packed cache
+        # that did not fit)
+        fmt = lambda v, f: "-" if math.isnan(v) else f.format(v)
+        cells = ([fmt(ms(k), "{:.4f}") for k in KERNELS] + [fmt(pct(k), "{:.0f}%") for k in PACKED] +
+                 [fmt(t / ms(k), "{:.2f}x") for k in PACKED])
         print(f"| {shape[0]} | {shape[1]} | {shape[2]} | " + " | ".join(cells) + " |")
 
 
