@@ -16,6 +16,8 @@ else
   cmake -S . -B build-gpu -DSKVQ_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null && cmake --build build-gpu -j"$(nproc)" >/dev/null || exit 1
   bin=build-gpu; cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/ 2>/dev/null
 fi
+# the shared data that scripts/gpu_build.sh put beside the binaries (the real-model tests)
+[ -z "${SKVQ_SHARED_DATA:-}" ] && [ -d .devdata ] && export SKVQ_SHARED_DATA="$PWD/.devdata"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
 # The benchmarks first (a minute), on a device that the tests have not yet
 # kept busy for minutes (after them, session 32 measured 4 fewer cells at 70%

@@ -18,3 +18,10 @@ strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_c
 tar -C .devrun -cf - skvq_tests bench_cuda bench_attend bench_cache lib | xz -9e > .devrun/devrun.tar.xz
 rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
 du -sh .devrun
+# The small-head model and the text of the real-model GPU tests (about 5 MB; lm128's 70.7 MB would not
+# fit a device call beside the binaries), for scripts/gpu.sh to point the tests at: .devdata, carried
+# with .devrun (both git-ignored).
+if [ -d ../shared/data/babyllama ] && [ -d ../shared/data/text ]; then
+  rm -rf .devdata && mkdir -p .devdata && cp -r ../shared/data/babyllama ../shared/data/text .devdata/ && chmod -R u+w .devdata
+  du -sh .devdata
+fi

@@ -1544,7 +1544,7 @@ TEST(Cuda, ForkedCachesRepeatTheirEntries) {
 // cache's state bit for bit (permutations from real channel statistics, the clip search on real
 // groups). Skipped where the shared data is absent.
 void expect_model_matches(const std::string& name, Config cfg, std::int64_t prompt, std::int64_t tokens) {
-  const std::filesystem::path data = SKVQ_SHARED_DATA;
+  const std::filesystem::path data = test::shared_data();
   for (const std::filesystem::path& need : {data / name, data / "text/wikitext-test.raw.txt"}) {
     if (!std::filesystem::exists(need)) GTEST_SKIP() << "no " << need;
   }

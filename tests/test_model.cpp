@@ -24,7 +24,7 @@ using model::Model;
 using model::Runner;
 using model::Tokenizer;
 
-const fs::path kData = SKVQ_SHARED_DATA;
+const fs::path kData = test::shared_data();
 
 #define REQUIRE_DATA()                                                        \
   if (!fs::exists(kData / "lm128" / "model.bin")) GTEST_SKIP() << "no " << kData

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <numeric>
 #include <random>
@@ -21,6 +23,14 @@
 #include "workload/synthetic.hpp"
 
 namespace skvq::test {
+
+// The shared models and text (../shared/data beside the checkout): the directory named by the
+// environment variable SKVQ_SHARED_DATA when set and not empty (a GPU machine's run, where the
+// data travels beside the binaries: scripts/gpu.sh), else the one the build saw.
+inline std::filesystem::path shared_data() {
+  const char* e = std::getenv("SKVQ_SHARED_DATA");
+  return e && *e ? std::filesystem::path(e) : std::filesystem::path(SKVQ_SHARED_DATA);
+}
 
 using workload::Normal;
 
