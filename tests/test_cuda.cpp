@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -1832,6 +1833,97 @@ TEST(Cuda, AttentionCapturedInAGraphReplaysTheCall) {
     cuda::release_workspace(x);
     CUDA_OK(cudaStreamDestroy(x));
   }
+}
+
+// A cache lives on the device that was current when it was made (a fork: on its source's), and
+// every call runs there whatever device is current, leaving the current device as it found it: with
+// two GPUs, a cache on device 1 called with device 0 current, through host tensors (its own staging
+// sets: device_cache.cu), through device tensors, into the chunk kernel (its shared memory raised on
+// each device: common.cuh), forked, and downloaded, gives the CPU cache's state and the attention a
+// cache on device 0 gives; then the cache on device 0 called with device 1 current. With one GPU the
+// same calls run on device 0 (the second device's part is left out).
+TEST(Cuda, CachesLiveOnTheirDevice) {
+  REQUIRE_GPU();
+  int n = 0, dev = -1;
+  CUDA_OK(cudaGetDeviceCount(&n));
+  const int other = n >= 2 ? 1 : 0;
+  const auto current = [&dev] {
+    dev = -1;
+    EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
+    return dev;
+  };
+  const Config cfg = gpu_config(64, 4, 32, 2, 2, MetaType::fp16);
+  const std::int64_t B = 2, H = 4, T = 300, T0 = 100, cap = T + 64;
+  const Tensor k = randn({B, H, T, 128}, 71, DType::f16, true), v = randn({B, H, T, 128}, 72, DType::f16);
+  const Tensor k1 = Tensor::copy_of(k.view().slice_tokens(T0, T - T0), DType::f16);
+  const Tensor v1 = Tensor::copy_of(v.view().slice_tokens(T0, T - T0), DType::f16);
+  SkvqCache cpu(cfg);
+  cpu.append(k.view(), v.view());
+  CUDA_OK(cudaSetDevice(other));
+  std::optional<cuda::DeviceCache> there(std::in_place, cfg, B, H, 128, cap);
+  EXPECT_EQ(there->device(), other);
+  {
+    const DeviceBytes dk(k1), dv(v1);  // on `other`
+    CUDA_OK(cudaSetDevice(0));
+    there->append(k.view().slice_tokens(0, T0), v.view().slice_tokens(0, T0));
+    EXPECT_EQ(current(), 0);
+    there->append_device(dk.p, dv.p, T - T0);
+    EXPECT_EQ(current(), 0);
+    ASSERT_TRUE(there->to_host().same_state(cpu));
+    EXPECT_EQ(current(), 0);
+    CUDA_OK(cudaSetDevice(other));  // (dk, dv freed on their device)
+  }
+  CUDA_OK(cudaSetDevice(0));
+  cuda::DeviceCache here(cfg, B, H, 128, cap);
+  EXPECT_EQ(here.device(), 0);
+  here.append(k.view(), v.view());
+  for (std::int64_t sq : {std::int64_t{1}, std::int64_t{100}}) {  // (100 rows: the chunk kernel)
+    const std::string what = "Sq=" + std::to_string(sq);
+    const Tensor q = randn({B, 4 * H, sq, 128}, static_cast<std::uint32_t>(73 + sq), DType::f32);
+    const Tensor want = here.attend(q.view(), 0.1f);
+    const Tensor got = there->attend(q.view(), 0.1f);
+    EXPECT_EQ(current(), 0) << what;
+    EXPECT_LT(rel_l2(got.view(), want.view()), 1e-6) << what;
+    Tensor on_device(DType::f32, got.shape());
+    CUDA_OK(cudaSetDevice(other));
+    {
+      const DeviceBytes dq(q), dout(got.nbytes(), 0);
+      CUDA_OK(cudaSetDevice(0));
+      there->attend_device(static_cast<const float*>(dq.p), 4 * H, sq, 0.1f, static_cast<float*>(dout.p));
+      EXPECT_EQ(current(), 0) << what;
+      CUDA_OK(cudaSetDevice(other));
+      cuda::copy_to_host(on_device.data(), dout.p, on_device.nbytes());
+    }
+    CUDA_OK(cudaSetDevice(0));
+    EXPECT_LT(rel_l2(on_device.view(), want.view()), 1e-6) << what;
+  }
+  {
+    const cuda::DeviceCache fork(*there, cap);  // made with device 0 current: on `there`'s device
+    EXPECT_EQ(fork.device(), other);
+    EXPECT_EQ(current(), 0);
+    ASSERT_TRUE(fork.to_host().same_state(cpu));
+    const Tensor q = randn({B, 4 * H, 1, 128}, 79, DType::f32);
+    const Tensor got = fork.attend(q.view(), 0.1f);
+    EXPECT_EQ(current(), 0);
+    EXPECT_LT(rel_l2(got.view(), here.attend(q.view(), 0.1f).view()), 1e-6);
+  }
+  there.reset();  // freed on its device with device 0 current
+  EXPECT_EQ(current(), 0);
+  // the cache on device 0, called with the other device current
+  CUDA_OK(cudaSetDevice(other));
+  const Tensor k2 = randn({B, H, 40, 128}, 81, DType::f16), v2 = randn({B, H, 40, 128}, 82, DType::f16);
+  here.append(k2.view(), v2.view());
+  cpu.append(k2.view(), v2.view());
+  EXPECT_EQ(current(), other);
+  ASSERT_TRUE(here.to_host().same_state(cpu));
+  EXPECT_EQ(current(), other);
+  const Tensor q = randn({B, 4 * H, 1, 128}, 83, DType::f32);
+  const Tensor got = here.attend(q.view(), 0.1f);
+  EXPECT_EQ(current(), other);
+  const Tensor want = attend(cpu, q.view(), 0.1f, AttendOptions{Kernel::reference, 0});
+  EXPECT_LT(rel_l2(got.view(), want.view()), attention_tolerance());
+  CUDA_OK(cudaSetDevice(0));
+  if (n < 2) std::printf("(one GPU: every cache of this test lived on device 0)\n");
 }
 #endif  // SKVQ_TEST_CUDA_RUNTIME
 

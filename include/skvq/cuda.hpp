@@ -44,6 +44,13 @@ struct DeviceCacheImpl;
 // elsewhere (correct everywhere, not tuned: docs/performance.md, "Other head
 // dims").
 //
+// Devices: a cache lives on the CUDA device that was current when it was
+// made (a fork: on its source's device) and every call runs there, whatever
+// device is current when it is made, leaving the current device as it found
+// it; so a process may hold caches on several GPUs (a model's layers split
+// across them) and call them from any thread. Pointers and streams passed to a
+// cache's calls must belong to its device.
+//
 // Device layout: window-sized slots, one per flushed chunk (rows of chunk 0
 // below n_sink unused), each holding for every (b, h) the rows' codes
 // (ceil(D * bits / 8) bytes a row, the CPU cache's bit order, permuted
@@ -151,6 +158,7 @@ class DeviceCache {
   std::int64_t bytes_held() const;       // packed chunks in use + tail + sinks + perms
   // Bytes one attention call reads (packed codes and metadata, sinks, live tail).
   std::int64_t bytes_read_per_step() const;
+  int device() const;  // the CUDA device (ordinal) the cache lives on
 
   // Copies the whole state back into a CPU SkvqCache (packed-only): same codes, metadata, perms,
   // counters (for a cache file, or comparisons with the CPU cache). Waits for the device first;
@@ -158,6 +166,9 @@ class DeviceCache {
   SkvqCache to_host() const;
 
  private:
+  // The public constructor's work on `device` (the current one, or a fork's source's).
+  DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
+              std::int64_t capacity, int device);
   DeviceCacheImpl& impl() const;  // throws where the cache was moved from
   std::unique_ptr<DeviceCacheImpl> impl_;
 };

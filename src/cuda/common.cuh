@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "skvq/error.hpp"
@@ -56,16 +57,19 @@ void for_row_group_launches(int groups, int rows, int B, F&& launch) {
   for (int g0 = 0; g0 < groups; g0 += per) launch(g0 * rows, std::min(per, groups - g0));
 }
 
-// Raises a kernel's function attribute to at least `value`: the runtime is
-// called only when the value rises above what this process already set, so a
-// launch pays no attribute call after the first. For attributes whose larger
-// value only admits more: the dynamic shared memory a launch may take, the
-// shared-memory carveout.
+// Raises a kernel's function attribute to at least `value` on the current
+// device (each device holds its own copy of the kernel, and of its
+// attributes): the runtime is called only when the value rises above what
+// this process already set there, so a launch pays no attribute call after
+// the first. For attributes whose larger value only admits more: the dynamic
+// shared memory a launch may take, the shared-memory carveout.
 inline void raise_func_attribute(const void* kernel, cudaFuncAttribute attr, int value) {
   static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> set;
+  static std::map<std::tuple<int, const void*, int>, int> set;
+  int dev = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
   const std::lock_guard<std::mutex> lock(mu);
-  int& have = set[{kernel, static_cast<int>(attr)}];
+  int& have = set[{dev, kernel, static_cast<int>(attr)}];
   if (value > have) {
     SKVQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
     have = value;

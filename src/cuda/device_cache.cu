@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -45,6 +46,38 @@ std::string device_description() {
   return d;
 }
 
+namespace {
+
+// The current device: `device` for the guard's lifetime (set only where another is current), then the
+// one that was current before.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    int current = 0;
+    SKVQ_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device) {
+      SKVQ_CUDA_CHECK(cudaSetDevice(device));
+      prev_ = current;
+    }
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+int current_device() {
+  int d = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+}  // namespace
+
 void* device_alloc(std::size_t bytes) {
   void* p = nullptr;
   SKVQ_CUDA_CHECK(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
@@ -67,6 +100,7 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes) {
 void synchronize() { SKVQ_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 struct DeviceCacheImpl {
+  int device = 0;  // where it lives (every member call runs there: DeviceGuard)
   Config cfg;
   std::int64_t B = 0, H = 0, Dv = 0, capacity = 0, slots = 0;
   std::int64_t offset = 0, q_end = 0, tokens_seen = 0, fp16_k = 0, fp16_v = 0;
@@ -90,7 +124,11 @@ struct DeviceCacheImpl {
     return p;
   }
   ~DeviceCacheImpl() {
-    for (void* p : allocations) cudaFree(p);
+    try {
+      const DeviceGuard guard(device);
+      for (void* p : allocations) cudaFree(p);
+    } catch (...) {  // (a device error: nothing more can be freed)
+    }
   }
   void init_side(DevSide& s, int D, int bits) {
     const int mb = meta_bytes(cfg.metadata);
@@ -174,10 +212,22 @@ struct DeviceCacheImpl {
 };
 
 DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
-                         std::int64_t capacity) {
+                         std::int64_t capacity)
+    : DeviceCache(config, batch, num_kv_heads, v_head_dim, capacity, available() ? current_device() : 0) {}
+
+DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
+                         std::int64_t capacity, int device) {
   config.validate();
   auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
   if (!available()) bad(device_description());
+  const DeviceGuard guard(device);
+  int major = 0, minor = 0;
+  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major < kMinMajor) {
+    bad("device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
+        "; the skvq kernels need " + std::to_string(kMinMajor) + ".0 or newer");
+  }
   const std::string dims = " is not supported on the GPU (a multiple of 16 in [16, " + std::to_string(kGeneralMaxHeadDim) + "])";
   if (!head_dim_supported(config.head_dim)) bad("head_dim=" + std::to_string(config.head_dim) + dims);
   if (!head_dim_supported(v_head_dim)) bad("v_head_dim=" + std::to_string(v_head_dim) + dims);
@@ -194,6 +244,7 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   if (config.max_ctx && capacity > *config.max_ctx) capacity = *config.max_ctx;
   impl_ = std::make_unique<DeviceCacheImpl>();
   DeviceCacheImpl& d = *impl_;
+  d.device = device;
   d.cfg = config;
   d.cfg.dense_view = false;
   d.B = batch;
@@ -235,10 +286,19 @@ struct StagingPool {
   cudaEvent_t done[2] = {nullptr, nullptr};  // the last copy through each buffer
 };
 
-// (never destroyed: the CUDA runtime may be torn down before static destructors run)
+// The current device's pool (its stream and events belong to that device). (Never destroyed: the
+// CUDA runtime may be torn down before static destructors run.)
 StagingPool& staging_pool() {
-  static StagingPool* pool = new StagingPool;
-  return *pool;
+  struct Pools {
+    std::mutex mu;
+    std::map<int, StagingPool*> by_device;
+  };
+  static Pools* pools = new Pools;
+  const int dev = current_device();
+  const std::lock_guard<std::mutex> lock(pools->mu);
+  StagingPool*& p = pools->by_device[dev];
+  if (!p) p = new StagingPool;
+  return *p;
 }
 
 // The pool, locked, with buffers of at least `bytes`.
@@ -397,6 +457,7 @@ std::vector<std::uint16_t> exact_rows_f16(const detail::SkvqState& st, const std
 
 DeviceCache::DeviceCache(const SkvqCache& host, std::int64_t capacity)
     : DeviceCache(host.config(), upload_state(host, capacity).batch, host.state().heads, host.state().v.head_dim, capacity) {
+  const DeviceGuard guard(impl().device);
   // (an exception from here on destroys the cache constructed above: its device memory is freed)
   DeviceCacheImpl& d = impl();
   const detail::SkvqState& st = host.state();
@@ -496,8 +557,10 @@ void repeat_entries(void* dst, const void* src, std::int64_t outer, std::int64_t
 }  // namespace
 
 DeviceCache::DeviceCache(const DeviceCache& source, std::int64_t capacity, std::int64_t repeat)
-    : DeviceCache(source.config(), fork_batch(source, capacity, repeat), source.num_kv_heads(), source.impl().Dv, capacity) {
+    : DeviceCache(source.config(), fork_batch(source, capacity, repeat), source.num_kv_heads(), source.impl().Dv, capacity,
+                  source.device()) {
   DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   const DeviceCacheImpl& src = source.impl();
   synchronize();  // the source's work on every stream
   const std::int64_t r = d.cfg.window, H = d.H, used = src.q_end / r;
@@ -556,6 +619,7 @@ void DeviceCache::append_device(const void* keys, const void* values, std::int64
 
 void DeviceCache::append_device(const void* keys, const void* values, std::int64_t S, DType dtype, Stream stream) {
   DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   const char* what = "skvq: cuda::DeviceCache::append_device: ";
   if (S < 1) throw Error(std::string(what) + "S=" + std::to_string(S) + " must be >= 1");
   check_aligned(what, "keys", keys, dtype_size(dtype), dtype);
@@ -601,6 +665,7 @@ namespace {
 // Appends move in pieces that fit kMaxBytes. Kept for the process, as the upload's StagingPool is.
 struct CallStaging {
   static constexpr std::size_t kMaxBytes = std::size_t{8} << 20;
+  int device = 0;                               // the device of `dev` and the events (set by StagingLease)
   unsigned char* host[2] = {nullptr, nullptr};  // pinned, `bytes` each
   unsigned char* dev = nullptr;                 // `bytes`
   std::size_t bytes = 0;
@@ -646,18 +711,23 @@ struct CallStaging {
   }
 };
 
-// A set of the free list for one call, with buffers of at least `bytes`.
+// A set of the current device's free list for one call, with buffers of at least `bytes`.
 class StagingLease {
  public:
   explicit StagingLease(std::size_t bytes) {
+    const int dev = current_device();
     {
       const std::lock_guard<std::mutex> lock(list().mu);
-      if (!list().free.empty()) {
-        set_ = list().free.back();
-        list().free.pop_back();
+      std::vector<CallStaging*>& free = list().free[dev];
+      if (!free.empty()) {
+        set_ = free.back();
+        free.pop_back();
       }
     }
-    if (!set_) set_ = new CallStaging;
+    if (!set_) {
+      set_ = new CallStaging;
+      set_->device = dev;
+    }
     try {
       set_->reserve(bytes);
     } catch (...) {
@@ -673,7 +743,7 @@ class StagingLease {
  private:
   struct List {
     std::mutex mu;
-    std::vector<CallStaging*> free;
+    std::map<int, std::vector<CallStaging*>> free;  // by device
   };
   static List& list() {  // (never destroyed: the CUDA runtime may be torn down before static destructors run)
     static List* l = new List;
@@ -685,7 +755,7 @@ class StagingLease {
     } catch (...) {  // (a device error: a later call reports it)
     }
     const std::lock_guard<std::mutex> lock(list().mu);
-    list().free.push_back(set_);
+    list().free[set_->device].push_back(set_);
   }
   CallStaging* set_ = nullptr;
 };
@@ -720,6 +790,7 @@ void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to,
 
 void DeviceCache::append(const TensorView& keys, const TensorView& values) {
   DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   const Shape4 ks{d.B, d.H, keys.shape[2], d.k.D}, vs{d.B, d.H, keys.shape[2], d.v.D};
   if (keys.shape != ks || values.shape != vs) {
     throw Error("skvq: cuda::DeviceCache::append: keys " + shape_string(keys.shape) + " / values " +
@@ -761,6 +832,7 @@ void DeviceCache::attend_device(const float* q, std::int64_t num_q_heads, std::i
 void DeviceCache::attend_device(const void* q, DType q_type, std::int64_t num_q_heads, std::int64_t sq, float scale, void* out,
                                 DType out_type, int num_splits, Stream stream) const {
   const DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   d.check_attend(num_q_heads, sq);
   const char* what = "skvq: cuda::DeviceCache::attend_device: ";
   check_aligned(what, "q", q, 16, q_type);
@@ -796,6 +868,7 @@ constexpr std::int64_t kWideQueryBytes = std::int64_t{1} << 20;
 
 Tensor DeviceCache::attend(const TensorView& queries, float scale) const {
   const DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   if (queries.shape[0] != d.B || queries.shape[3] != d.k.D) {
     throw Error("skvq: cuda attend: queries " + shape_string(queries.shape) + " do not match the cache's B and D");
   }
@@ -829,6 +902,7 @@ std::int64_t DeviceCache::capacity() const { return impl().capacity; }
 std::int64_t DeviceCache::offset() const { return impl().offset; }
 std::int64_t DeviceCache::q_end() const { return impl().q_end; }
 std::int64_t DeviceCache::bytes_allocated() const { return impl().allocated; }
+int DeviceCache::device() const { return impl().device; }
 
 std::int64_t DeviceCache::bytes_held() const {
   const DeviceCacheImpl& d = impl();
@@ -855,6 +929,7 @@ std::int64_t DeviceCache::bytes_read_per_step() const {
 
 SkvqCache DeviceCache::to_host() const {
   const DeviceCacheImpl& d = impl();
+  const DeviceGuard guard(d.device);
   synchronize();
   SkvqCache c(d.cfg);
   detail::SkvqState& st = c.mutable_state();

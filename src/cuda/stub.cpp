@@ -15,6 +15,7 @@ struct DeviceCacheImpl {};
 bool available() { return false; }
 std::string device_description() { return "built without CUDA"; }
 DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t) { no_cuda(); }
+DeviceCache::DeviceCache(const Config&, std::int64_t, std::int64_t, std::int64_t, std::int64_t, int) { no_cuda(); }
 DeviceCache::DeviceCache(const SkvqCache&, std::int64_t) { no_cuda(); }
 DeviceCache::DeviceCache(const DeviceCache&, std::int64_t, std::int64_t) { no_cuda(); }
 DeviceCache::~DeviceCache() = default;
@@ -37,6 +38,7 @@ std::int64_t DeviceCache::q_end() const { no_cuda(); }
 std::int64_t DeviceCache::bytes_allocated() const { no_cuda(); }
 std::int64_t DeviceCache::bytes_held() const { no_cuda(); }
 std::int64_t DeviceCache::bytes_read_per_step() const { no_cuda(); }
+int DeviceCache::device() const { no_cuda(); }
 SkvqCache DeviceCache::to_host() const { no_cuda(); }
 void attend_dense_fp16(const float*, const void*, const void*, float*, std::int64_t, std::int64_t, std::int64_t,
                        std::int64_t, std::int64_t, std::int64_t, std::int64_t, float, int, Stream) {
