@@ -46,7 +46,7 @@ struct DeviceCacheImpl;
 //
 // Devices: a cache lives on the CUDA device that was current when it was
 // made (a fork: on its source's device) and every call runs there, whatever
-// device is current when it is made, leaving the current device as it found
+// device is current when the call is made, leaving the current device as it found
 // it; so a process may hold caches on several GPUs (a model's layers split
 // across them) and call them from any thread. Pointers and streams passed to a
 // cache's calls must belong to its device.
