@@ -1844,11 +1844,11 @@ TEST(Cuda, AttentionCapturedInAGraphReplaysTheCall) {
 // same calls run on device 0 (the second device's part is left out).
 TEST(Cuda, CachesLiveOnTheirDevice) {
   REQUIRE_GPU();
-  int n = 0, dev = -1;
+  int n = 0;
   CUDA_OK(cudaGetDeviceCount(&n));
   const int other = n >= 2 ? 1 : 0;
-  const auto current = [&dev] {
-    dev = -1;
+  const auto current = [] {
+    int dev = -1;
     EXPECT_EQ(cudaGetDevice(&dev), cudaSuccess);
     return dev;
   };

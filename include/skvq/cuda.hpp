@@ -166,7 +166,7 @@ class DeviceCache {
   SkvqCache to_host() const;
 
  private:
-  // The public constructor's work on `device` (the current one, or a fork's source's).
+  // The public constructor's work on `device` (-1: the current one; a fork: its source's).
   DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
               std::int64_t capacity, int device);
   DeviceCacheImpl& impl() const;  // throws where the cache was moved from

@@ -2039,8 +2039,7 @@ bool dependent_launch_disabled() {
 bool dependent_launch_supported() {
   static std::mutex mu;
   static std::map<int, bool> known;
-  int dev = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();
   const std::lock_guard<std::mutex> lock(mu);
   const auto it = known.find(dev);
   if (it != known.end()) return it->second;
@@ -2640,9 +2639,7 @@ struct WorkspaceRegistry {
   std::vector<void*> set_aside;  // captured buffers outgrown or released: graphs may still use them
 
   static std::tuple<int, cudaStream_t, std::thread::id> key(cudaStream_t stream) {
-    int dev = 0;
-    SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
-    return {dev, stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
+    return {current_device(), stream, stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id{}};
   }
   // Frees b (cudaFree waits for the device), or sets it aside when a graph may hold it.
   void drop(WorkspaceBuffer& b) {

@@ -28,6 +28,13 @@
 
 namespace skvq::cuda {
 
+// The calling thread's current CUDA device.
+inline int current_device() {
+  int dev = 0;
+  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  return dev;
+}
+
 // The value of environment variable `name`, "" when unset: the backend's test
 // and benchmark switches (SKVQ_CUDA_*), each read once by the code it steers.
 inline std::string env_switch(const char* name) {
@@ -66,8 +73,7 @@ void for_row_group_launches(int groups, int rows, int B, F&& launch) {
 inline void raise_func_attribute(const void* kernel, cudaFuncAttribute attr, int value) {
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int>, int> set;
-  int dev = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();
   const std::lock_guard<std::mutex> lock(mu);
   int& have = set[{dev, kernel, static_cast<int>(attr)}];
   if (value > have) {

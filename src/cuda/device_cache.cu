@@ -53,8 +53,7 @@ namespace {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
-    int current = 0;
-    SKVQ_CUDA_CHECK(cudaGetDevice(&current));
+    const int current = current_device();
     if (current != device) {
       SKVQ_CUDA_CHECK(cudaSetDevice(device));
       prev_ = current;
@@ -69,12 +68,6 @@ class DeviceGuard {
  private:
   int prev_ = -1;
 };
-
-int current_device() {
-  int d = 0;
-  SKVQ_CUDA_CHECK(cudaGetDevice(&d));
-  return d;
-}
 
 }  // namespace
 
@@ -213,13 +206,14 @@ struct DeviceCacheImpl {
 
 DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
                          std::int64_t capacity)
-    : DeviceCache(config, batch, num_kv_heads, v_head_dim, capacity, available() ? current_device() : 0) {}
+    : DeviceCache(config, batch, num_kv_heads, v_head_dim, capacity, -1) {}
 
 DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t num_kv_heads, std::int64_t v_head_dim,
                          std::int64_t capacity, int device) {
   config.validate();
   auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
   if (!available()) bad(device_description());
+  if (device < 0) device = current_device();
   const DeviceGuard guard(device);
   int major = 0, minor = 0;
   SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
