@@ -1863,6 +1863,9 @@ TEST(Cuda, CachesLiveOnTheirDevice) {
   SkvqCache cpu(cfg);
   cpu.append(k.view(), v.view());
   CUDA_OK(cudaSetDevice(other));
+  EXPECT_TRUE(cuda::available());  // (about the current device)
+  const std::string named = "(device " + std::to_string(other) + " of " + std::to_string(n) + ")";
+  EXPECT_NE(cuda::device_description().find(named), std::string::npos) << cuda::device_description();
   std::optional<cuda::DeviceCache> there(std::in_place, cfg, B, H, 128, cap);
   EXPECT_EQ(there->device(), other);
   {

@@ -24,10 +24,11 @@ namespace skvq::cuda {
 // be appended to on one stream while another stream may still read it.
 using Stream = ::CUstream_st*;
 
-// True when this build has the CUDA backend and a CUDA device of compute
-// capability 8.0 or newer is usable.
+// True when this build has the CUDA backend and the calling thread's current
+// CUDA device (the one a new DeviceCache would live on; cudaSetDevice picks
+// it) is usable: compute capability 8.0 or newer.
 bool available();
-// The device's name, or why none is usable.
+// That device's name, number and size, or why none is usable.
 std::string device_description();
 
 struct DeviceCacheImpl;

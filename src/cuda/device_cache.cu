@@ -24,10 +24,11 @@ namespace skvq::cuda {
 // (the build carries sm_90 code and compute_80 PTX).
 constexpr int kMinMajor = 8;
 
+// Both look at the calling thread's current device: the one a new cache would live on.
 bool available() {
-  int n = 0, major = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= kMinMajor;
+  int n = 0, dev = 0, major = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 && cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= kMinMajor;
 }
 
 std::string device_description() {
@@ -35,10 +36,11 @@ std::string device_description() {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
   if (n == 0) return "no CUDA device";
+  const int dev = current_device();
   cudaDeviceProp prop{};
-  SKVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::string d = std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, " +
-                  std::to_string(prop.totalGlobalMem >> 20) + " MiB";
+  SKVQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  std::string d = std::string(prop.name) + " (device " + std::to_string(dev) + " of " + std::to_string(n) + "), " +
+                  std::to_string(prop.multiProcessorCount) + " SMs, " + std::to_string(prop.totalGlobalMem >> 20) + " MiB";
   if (prop.major < kMinMajor) {
     d += " (compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
          "; the skvq kernels need " + std::to_string(kMinMajor) + ".0 or newer)";
