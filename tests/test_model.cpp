@@ -438,6 +438,13 @@ TEST(Model, BadFilesAreClearErrors) {
   const std::string tb((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
   write(tb.substr(0, tb.size() / 2));
   EXPECT_THROW(Tokenizer::load_llama2c(path, 105), Error);
+  // tokenizer: the SentencePiece model beside it is named as such
+  try {
+    Tokenizer::load_llama2c((kData / "babyllama/tok105.model").string(), 105);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("SentencePiece"), std::string::npos) << e.what();
+  }
   fs::remove(path);
 }
 

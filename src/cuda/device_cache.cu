@@ -214,8 +214,10 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
                          std::int64_t capacity, int device) {
   config.validate();
   auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
-  if (!available()) bad(device_description());
-  if (device < 0) device = current_device();
+  if (device < 0) {  // the current device (a fork names its source's, which a cache already lives on)
+    if (!available()) bad(device_description());
+    device = current_device();
+  }
   const DeviceGuard guard(device);
   int major = 0, minor = 0;
   SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
