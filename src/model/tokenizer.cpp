@@ -52,8 +52,8 @@ Tokenizer Tokenizer::parse_llama2c(std::string_view bytes, const std::string& pa
     // A SentencePiece model (a protobuf ModelProto) opens with its first piece: field 1, length-delimited.
     const bool sentencepiece = bytes.size() > 2 && bytes[0] == '\x0a' && bytes[2] == '\x0a';
     throw Error("skvq: tokenizer " + path + ": bad header (max_token_length)" +
-                (sentencepiece ? std::string("; this looks like a SentencePiece .model (protobuf), which is not read: "
-                                             "give its llama2.c tokenizer file (as tokenizer.bin, tok105.bin)")
+                (sentencepiece ? std::string("; it looks like a SentencePiece .model (protobuf), which skvq does not read: "
+                                             "give the llama2.c tokenizer file (.bin) made from it")
                                : std::string()));
   }
   std::vector<std::string> pieces;
