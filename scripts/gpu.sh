@@ -3,11 +3,29 @@
 # the same shapes, then the GPU tests (plus compute-sanitizer), in one run;
 # prints a short table last. Uses binaries built by scripts/gpu_build.sh
 # (carried in .devrun/) when present, else builds here.
-# Usage: scripts/gpu.sh [--quick] [OUT_DIR]
+# Usage: scripts/gpu.sh [--quick] [--archive] [OUT_DIR]
+#   OUT_DIR (default $OUT, else /tmp/skvq-gpu) receives one file a benchmark
+#   and a test job (about 35). --archive writes them to a local folder instead
+#   and leaves one archive, OUT_DIR/gpu-run.tgz, also when the run is cut off
+#   (a lent device call brings back only so many files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-quick=""; [ "${1:-}" = "--quick" ] && { quick="--quick"; shift; }
+quick=""; archive=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick="--quick"; shift ;;
+    --archive) archive=1; shift ;;
+    -*) echo "scripts/gpu.sh: unknown option $1 (usage: scripts/gpu.sh [--quick] [--archive] [OUT_DIR])" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
 out=${1:-${OUT:-/tmp/skvq-gpu}}
+if [ -n "$archive" ]; then
+  dest=$out; out=$(mktemp -d /tmp/skvq-gpu-run.XXXXXX)
+  mkdir -p "$dest"
+  trap 'tar -C "$out" -czf "$dest/gpu-run.tgz" . && echo "(the run'"'"'s files: $dest/gpu-run.tgz)"' EXIT
+  trap 'exit 143' TERM INT
+fi
 mkdir -p "$out"
 [ -f .devrun/devrun.tar.xz ] && [ ! -x .devrun/skvq_tests ] && tar -C .devrun -xJf .devrun/devrun.tar.xz
 if [ -x .devrun/skvq_tests ]; then
