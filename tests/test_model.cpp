@@ -476,7 +476,9 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},
       {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
-      {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be >= 0"},
+      {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be a finite number >= 0"},
+      {"generate --model " + model + " --prompt hi --temperature nan", "--temperature nan must be a finite number >= 0"},
+      {"generate --model " + model + " --prompt hi --temperature inf", "--temperature inf must be a finite number >= 0"},
       {"generate --model " + model + " --prompt hi --device gpu", "--device gpu must be cpu or cuda"},
       {"generate --model " + model + " --prompt hi --device cuda", "--device cuda needs --cache skvq"},
       // no GPU: the device's description; on a GPU: 3-bit codes, which the GPU flush does not take

@@ -86,7 +86,7 @@ int run_generate(const GenerateArgs& a) {
   if (!(a.temperature >= 0.0) || !std::isfinite(a.temperature)) {
     char t[32];
     std::snprintf(t, sizeof t, "%g", a.temperature);
-    throw UsageError(std::string("--temperature ") + t + " must be >= 0");
+    throw UsageError(std::string("--temperature ") + t + " must be a finite number >= 0");
   }
   if (a.cache != "fp16" && a.cache != "skvq") throw UsageError("--cache " + a.cache + " must be fp16 or skvq");
   if (!a.load_cache.empty() && !a.sets.empty()) throw UsageError("--set cannot change the config of a cache given by --load-cache");
