@@ -214,18 +214,13 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
                          std::int64_t capacity, int device) {
   config.validate();
   auto bad = [](const std::string& what) { throw Error("skvq: cuda::DeviceCache: " + what); };
-  if (device < 0) {  // the current device (a fork names its source's, which a cache already lives on)
+  // The current device, checked by available() (its description names a compute capability below
+  // kMinMajor); a fork names its source's, which passed that check when the source was made.
+  if (device < 0) {
     if (!available()) bad(device_description());
     device = current_device();
   }
   const DeviceGuard guard(device);
-  int major = 0, minor = 0;
-  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  SKVQ_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major < kMinMajor) {
-    bad("device " + std::to_string(device) + " has compute capability " + std::to_string(major) + "." + std::to_string(minor) +
-        "; the skvq kernels need " + std::to_string(kMinMajor) + ".0 or newer");
-  }
   const std::string dims = " is not supported on the GPU (a multiple of 16 in [16, " + std::to_string(kGeneralMaxHeadDim) + "])";
   if (!head_dim_supported(config.head_dim)) bad("head_dim=" + std::to_string(config.head_dim) + dims);
   if (!head_dim_supported(v_head_dim)) bad("v_head_dim=" + std::to_string(v_head_dim) + dims);
