@@ -407,6 +407,21 @@ TEST(Cache, ParallelInputCheckNamesTheFirstBadValue) {
     c.update_and_fetch(good.view(), good.view());  // and the cache still works afterwards
     EXPECT_EQ(c.offset(), 1120);
   }
+  // One head: its rows are cut into several ranges where there are two threads or more
+  // (ThreadPool::parallel_rows); a bad value late in the rows must not hide an earlier one.
+  const Shape4 one{1, 1, 5000, 64};
+  ASSERT_GE(one[2] * one[3], detail::kParallelElements);
+  Tensor good1 = randn(one, 932), bad1 = randn(one, 933);
+  bad1.view().set(0, 0, 4900, 1, NAN);
+  bad1.view().set(0, 0, 1300, 2, -600);
+  bad1.view().set(0, 0, 1300, 9, NAN);
+  for (int threads : {1, 2, 0}) {
+    SkvqCache c(cfg);
+    c.set_num_threads(threads);
+    expect_rejected(c, good1.view(), bad1.view(), "values[0, 0, 1300, 2] = -600 is outside the range of fp8_e4m3");
+    c.update_and_fetch(good1.view(), good1.view());
+    EXPECT_EQ(c.offset(), 5000);
+  }
 }
 
 TEST(Cache, ValuesBeyondMetadataRangeAreRejected) {

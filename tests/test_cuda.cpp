@@ -1234,7 +1234,7 @@ struct DeviceBytes {
 TEST(Cuda, HostCallsMoveThroughStagingInPieces) {
   REQUIRE_GPU();
   const Config cfg = gpu_config(100, 4, 32, 2, 2, MetaType::fp16);
-  const std::int64_t B = 2, H = 8, T = 2530;  // 8 KiB of fp16 keys and values a token: 1000 tokens a piece
+  const std::int64_t B = 2, H = 8, T = 2530;  // 8 KiB of fp16 keys and values a token: 2513 tokens in pieces of 600 (a quarter, in whole windows)
   // keys contiguous, values a view with the token and channel axes' strides swapped; fp32 and bf16
   struct Input {
     Tensor k, vt;

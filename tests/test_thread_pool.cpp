@@ -93,6 +93,29 @@ TEST(ThreadPool, RangesCoverEveryIndexOnce) {
   pool.parallel_ranges(0, 4, [](std::int64_t, std::int64_t) { FAIL() << "no range for n = 0"; });
 }
 
+// parallel_rows: every (head, row) once, in items of one head's consecutive rows; where heads are
+// fewer than twice the threads a head's rows are cut into several items (so that every thread has
+// work), else each head is one item.
+TEST(ThreadPool, RowsCoverEveryHeadAndRowOnce) {
+  ThreadPool pool(3);
+  for (std::int64_t heads : {1, 3, 8, 40})
+    for (std::int64_t rows : {1, 5, 1000})
+      for (int threads : {1, 4}) {
+        std::vector<std::atomic<int>> hits(static_cast<std::size_t>(heads * rows));
+        std::atomic<std::int64_t> items{0};
+        pool.parallel_rows(heads, rows, threads, [&](std::int64_t bh, std::int64_t r0, std::int64_t r1) {
+          ASSERT_TRUE(bh >= 0 && bh < heads && r0 >= 0 && r0 < r1 && r1 <= rows) << bh << " " << r0 << " " << r1;
+          items.fetch_add(1);
+          for (std::int64_t i = r0; i < r1; ++i) hits[static_cast<std::size_t>(bh * rows + i)].fetch_add(1);
+        });
+        for (std::size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << heads << " " << rows << " " << i;
+        const std::int64_t parts = threads == 1 || heads >= 2 * threads ? 1 : std::min(rows, (2 * threads + heads - 1) / heads);
+        EXPECT_EQ(items.load(), heads * parts) << heads << " " << rows << " " << threads;
+      }
+  pool.parallel_rows(0, 5, 4, [](std::int64_t, std::int64_t, std::int64_t) { FAIL() << "no item without heads"; });
+  pool.parallel_rows(5, 0, 4, [](std::int64_t, std::int64_t, std::int64_t) { FAIL() << "no item without rows"; });
+}
+
 #if defined(__linux__)
 #include <sched.h>
 

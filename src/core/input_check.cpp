@@ -2,6 +2,7 @@
 #include "core/input_check.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <mutex>
 #include <sstream>
@@ -69,13 +70,13 @@ float value_limit(MetaType m, std::string* why) {
 
 namespace {
 
-// Rows of head (b, h): throws for the first element (in row-major order) that is not finite or
-// exceeds `limit`.
-void check_head(const TensorView& t, const char* name, std::int64_t b, std::int64_t h, float limit,
-                std::uint16_t f16_limit, const std::string& why, std::vector<float>& row) {
+// Rows [r0, r1) of head (b, h): throws for the first element (in row-major order) that is not
+// finite or exceeds `limit`.
+void check_rows(const TensorView& t, const char* name, std::int64_t b, std::int64_t h, std::int64_t r0, std::int64_t r1,
+                float limit, std::uint16_t f16_limit, const std::string& why, std::vector<float>& row) {
   const auto& s = t.shape;
   row.resize(static_cast<std::size_t>(s[3]));
-  for (std::int64_t i = 0; i < s[2]; ++i) {
+  for (std::int64_t i = r0; i < r1; ++i) {
     if (t.strides[3] == 1 && t.dtype == DType::f16 &&
         cpu::max_abs_bits16(reinterpret_cast<const std::uint16_t*>(t.ptr(b, h, i, 0)), s[3]) <= f16_limit) {
       continue;
@@ -111,28 +112,26 @@ void check_values(const TensorView& t, const char* name, float limit, const std:
     f16_limit = f32_to_f16(limit);
     if (f16_to_f32(f16_limit) > limit) --f16_limit;
   }
-  // Ranges of heads (in parallel for large tensors), each noting its first bad head; the first of
-  // those, in order, is then checked again for its message.
+  // Items of a head's rows (in parallel for large tensors: ThreadPool::parallel_rows), each noting
+  // whether it holds a bad element; the first of those, in row-major order, is then checked again
+  // for its message.
   const std::int64_t heads = s[0] * s[1];
   if (t.numel() < kParallelElements) threads = 1;
-  std::vector<std::int64_t> bad;
+  std::vector<std::array<std::int64_t, 3>> bad;  // (head, first row, end row)
   std::mutex mu;
-  ThreadPool::global().parallel_ranges(heads, threads, [&](std::int64_t bh0, std::int64_t bh1) {
+  ThreadPool::global().parallel_rows(heads, s[2], threads, [&](std::int64_t bh, std::int64_t r0, std::int64_t r1) {
     thread_local std::vector<float> row;
-    for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-      try {
-        check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
-      } catch (const Error&) {
-        const std::lock_guard<std::mutex> lk(mu);
-        bad.push_back(bh);
-        return;
-      }
+    try {
+      check_rows(t, name, bh / s[1], bh % s[1], r0, r1, limit, f16_limit, why, row);
+    } catch (const Error&) {
+      const std::lock_guard<std::mutex> lk(mu);
+      bad.push_back({bh, r0, r1});
     }
   });
   if (bad.empty()) return;
-  const std::int64_t bh = *std::min_element(bad.begin(), bad.end());
+  const auto first = *std::min_element(bad.begin(), bad.end());
   std::vector<float> row;
-  check_head(t, name, bh / s[1], bh % s[1], limit, f16_limit, why, row);
+  check_rows(t, name, first[0] / s[1], first[0] % s[1], first[1], first[2], limit, f16_limit, why, row);
 }
 
 }  // namespace skvq::detail

@@ -46,20 +46,22 @@ void detail::SkvqState::dequantize(const Side& s, std::size_t c, std::int64_t bh
 
 namespace {
 
-// Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`; heads on
-// up to `threads` of the pool's threads when the rows are many.
+// Rows [t0, t0 + n) of `src` for every (b, h) into a [B, H, cap, D] buffer at row `row0`; on up to
+// `threads` of the pool's threads when the rows are many (ThreadPool::parallel_rows).
 void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte* dst,
                std::int64_t cap, std::int64_t row0, int threads) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(src.dtype));
   const bool rows_contiguous = src.strides[3] == 1 && src.strides[2] == D;
-  const auto head = [&](std::int64_t bh) {
+  // rows [i0, i1) of the n of head bh
+  const auto rows = [&](std::int64_t bh, std::int64_t i0, std::int64_t i1) {
     const std::int64_t b = bh / H, h = bh % H;
-    if (rows_contiguous) {  // the n rows of (b, h) are one block in both
-      std::memcpy(dst + ((bh * cap) + row0) * D * es, src.ptr(b, h, t0, 0), static_cast<std::size_t>(n * D * es));
+    if (rows_contiguous) {  // the rows of (b, h) are one block in both
+      std::memcpy(dst + ((bh * cap) + row0 + i0) * D * es, src.ptr(b, h, t0 + i0, 0),
+                  static_cast<std::size_t>((i1 - i0) * D * es));
       return;
     }
-    for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t i = i0; i < i1; ++i) {
       std::byte* out = dst + ((bh * cap) + row0 + i) * D * es;
       if (src.strides[3] == 1) {
         std::memcpy(out, src.ptr(b, h, t0 + i, 0), static_cast<std::size_t>(D * es));
@@ -69,9 +71,7 @@ void copy_rows(const TensorView& src, std::int64_t t0, std::int64_t n, std::byte
     }
   };
   if (B * H * n * D < detail::kParallelElements) threads = 1;
-  detail::ThreadPool::global().parallel_ranges(B * H, threads, [&](std::int64_t bh0, std::int64_t bh1) {
-    for (std::int64_t bh = bh0; bh < bh1; ++bh) head(bh);
-  });
+  detail::ThreadPool::global().parallel_rows(B * H, n, threads, rows);
 }
 
 // Threads for the cache's own work: set_num_threads' count, 0 meaning the whole pool.

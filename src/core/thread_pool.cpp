@@ -148,4 +148,18 @@ void ThreadPool::parallel_ranges(std::int64_t n, int threads,
   parallel_for(parts, threads, [&](std::int64_t i) { fn(i * n / parts, (i + 1) * n / parts); });
 }
 
+void ThreadPool::parallel_rows(std::int64_t heads, std::int64_t rows, int threads,
+                               const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn) {
+  if (heads <= 0 || rows <= 0) return;
+  // parts a head: at least two items a thread where heads alone give fewer (one thread: one a head)
+  const std::int64_t t = threads;
+  const std::int64_t parts = t <= 1 || heads >= 2 * t ? 1 : std::min<std::int64_t>(rows, (2 * t + heads - 1) / heads);
+  parallel_ranges(heads * parts, threads, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t bh = i / parts, part = i % parts;
+      fn(bh, part * rows / parts, (part + 1) * rows / parts);
+    }
+  });
+}
+
 }  // namespace skvq::detail

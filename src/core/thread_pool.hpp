@@ -40,6 +40,12 @@ class ThreadPool {
   // each, on up to `threads` threads: for many small items (a decode step's rows), where a task
   // each would cost more in claiming than in work.
   void parallel_ranges(std::int64_t n, int threads, const std::function<void(std::int64_t, std::int64_t)>& fn);
+  // Rows [0, rows) of each of `heads` heads as items of one head's consecutive rows, fn(head, r0, r1)
+  // once an item, on up to `threads` threads: a head's rows are cut into parts where there are fewer
+  // heads than threads (a prefill of one sequence with few KV heads), so that every thread has work.
+  // Items in row-major order: head by head, rows ascending.
+  void parallel_rows(std::int64_t heads, std::int64_t rows, int threads,
+                     const std::function<void(std::int64_t, std::int64_t, std::int64_t)>& fn);
 
  private:
   void worker_loop();

@@ -754,29 +754,29 @@ class StagingLease {
 };
 
 // Rows [t0, t0 + n) of every (b, h) of `src` into dst as contiguous [B, H, n, D] elements of type `to`
-// (any of them), converted as the CPU cache converts its input; on the pool's threads for long copies.
+// (any of them), converted as the CPU cache converts its input; on the pool's threads for long copies
+// (ThreadPool::parallel_rows: a head's rows shared by several threads where heads are few).
 void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to, unsigned char* dst) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(to));
   const bool same = src.dtype == to && src.strides[3] == 1;
-  const auto range = [&](std::int64_t bh0, std::int64_t bh1) {
-    std::vector<float> row(same ? 0 : static_cast<std::size_t>(D));
-    for (std::int64_t bh = bh0; bh < bh1; ++bh) {
-      for (std::int64_t i = 0; i < n; ++i) {
-        auto* out = reinterpret_cast<std::byte*>(dst + ((bh * n) + i) * D * es);
-        const std::byte* in = src.ptr(bh / H, bh % H, t0 + i, 0);
-        if (same) {
-          std::memcpy(out, in, static_cast<std::size_t>(D * es));
-          continue;
-        }
-        cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
-        cpu::store_row_f32(out, to, D, row.data());
+  const auto rows = [&](std::int64_t bh, std::int64_t i0, std::int64_t i1) {
+    thread_local std::vector<float> row;
+    if (!same) row.resize(static_cast<std::size_t>(D));
+    for (std::int64_t i = i0; i < i1; ++i) {
+      auto* out = reinterpret_cast<std::byte*>(dst + ((bh * n) + i) * D * es);
+      const std::byte* in = src.ptr(bh / H, bh % H, t0 + i, 0);
+      if (same) {
+        std::memcpy(out, in, static_cast<std::size_t>(D * es));
+        continue;
       }
+      cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
+      cpu::store_row_f32(out, to, D, row.data());
     }
   };
   detail::ThreadPool& pool = detail::ThreadPool::global();
   const int threads = B * H * n * D < detail::kParallelElements ? 1 : pool.size();
-  pool.parallel_ranges(B * H, threads, range);
+  pool.parallel_rows(B * H, n, threads, rows);
 }
 
 }  // namespace
@@ -799,10 +799,13 @@ void DeviceCache::append(const TensorView& keys, const TensorView& values) {
   detail::check_values(keys, "keys", limit, why, threads);
   detail::check_values(values, "values", limit, why, threads);
   // Pieces of whole windows where they fit a staging buffer: converted into one pinned buffer while
-  // the last piece's copy and flush run from the other.
-  const std::int64_t kbytes = d.B * d.H * d.k.D * 2, token = kbytes + d.B * d.H * d.v.D * 2;
+  // the last piece's copy and flush run from the other. At least four pieces where the input has
+  // that many windows, so that most of the conversion overlaps the copies and flushes.
+  const std::int64_t kbytes = d.B * d.H * d.k.D * 2, token = kbytes + d.B * d.H * d.v.D * 2, window = d.cfg.window;
   std::int64_t per = std::max<std::int64_t>(1, static_cast<std::int64_t>(CallStaging::kMaxBytes) / token);
-  if (per >= d.cfg.window) per -= per % d.cfg.window;
+  if (per >= window) per -= per % window;
+  const std::int64_t quarter = (S + 3) / 4 / window * window;  // whole windows in a quarter of the input
+  if (quarter > 0) per = std::min(per, quarter);
   per = std::min(per, S);
   StagingLease st(static_cast<std::size_t>(per * token));
   for (std::int64_t t = 0, j = 0; t < S; ++j) {
