@@ -4,19 +4,40 @@
 # the binaries too large to carry) and gathers them with the shared libraries
 # they need into .devrun/ for the device run. (CI and scripts/build.sh build
 # the default architectures, sm_90 plus compute_80 PTX.)
+#
+# --keep-before: the bench_cuda of the build already in build-gpu/ (the code before this change) goes
+# into the archive too, as bench_cuda_before, for side-by-side runs of the two in one device call
+# (next to the new one in the archive it costs little: their kernels are mostly the same bytes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+before=""
+case "${1:-}" in
+  --keep-before) before=1 ;;
+  "") ;;
+  *) echo "scripts/gpu_build.sh: unknown argument $1 (usage: scripts/gpu_build.sh [--keep-before])" >&2; exit 2 ;;
+esac
+keep=$(mktemp -d)
+trap 'rm -rf "$keep"' EXIT
+if [ -n "$before" ]; then
+  [ -x build-gpu/bench/bench_cuda ] || { echo "scripts/gpu_build.sh --keep-before: no build-gpu/bench/bench_cuda to keep" >&2; exit 2; }
+  cp build-gpu/bench/bench_cuda "$keep/bench_cuda_before"
+fi
 bash scripts/build.sh build-gpu -DSKVQ_CUDA=ON -DSKVQ_CUDA_ARCHITECTURES=90-real >/dev/null
 rm -rf .devrun && mkdir -p .devrun/lib
 cp build-gpu/tests/skvq_tests build-gpu/bench/bench_cuda build-gpu/bench/bench_attend build-gpu/bench/bench_cache .devrun/
+bins="bench_cuda skvq_tests bench_attend bench_cache"
+if [ -n "$before" ]; then
+  cp "$keep/bench_cuda_before" .devrun/
+  bins="bench_cuda bench_cuda_before skvq_tests bench_attend bench_cache"
+fi
 for lib in libhwy.so.1 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
   cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l {print $NF; exit}')" .devrun/lib/
 done
 # the device call carries at most 64 MiB: stripped, then binaries and
 # libraries in one xz archive (about 37 MB), which scripts/gpu.sh unpacks
-strip .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
-tar -C .devrun -cf - skvq_tests bench_cuda bench_attend bench_cache lib | xz -9e > .devrun/devrun.tar.xz
-rm -rf .devrun/lib .devrun/skvq_tests .devrun/bench_cuda .devrun/bench_attend .devrun/bench_cache
+(cd .devrun && strip $bins)
+tar -C .devrun -cf - $bins lib | xz -9e -T1 > .devrun/devrun.tar.xz
+(cd .devrun && rm -rf lib $bins)
 du -sh .devrun
 # The small-head model and the text of the real-model GPU tests (about 5 MB; lm128's 70.7 MB would not
 # fit a device call beside the binaries), for scripts/gpu.sh to point the tests at: .devdata, carried
