@@ -239,6 +239,28 @@ TEST_P(SimdTarget, StoreRowMatchesScalar) {
   }
 }
 
+// The streaming copy is a memcpy: every length and both alignments of source and destination
+// (the unaligned head, whole vectors, the tail), and it writes nothing outside [dst, dst + bytes).
+TEST_P(SimdTarget, StreamCopyCopiesExactlyTheBytes) {
+  std::vector<std::byte> src(1200), dst(1400);
+  for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>((i * 37 + 11) & 0xff);
+  for (std::size_t bytes : {0, 1, 15, 16, 63, 64, 65, 127, 128, 200, 1000})
+    for (std::size_t so : {0, 1, 8})
+      for (std::size_t d0 : {0, 1, 3, 32, 64}) {
+        std::fill(dst.begin(), dst.end(), std::byte{0x5a});
+        // a 64-byte aligned base inside dst, then the offset
+        const auto base = (64 - reinterpret_cast<std::uintptr_t>(dst.data() + 64) % 64) % 64 + 64;
+        std::byte* out = dst.data() + base + d0;
+        cpu::stream_copy(out, src.data() + so, bytes);
+        ASSERT_EQ(std::memcmp(out, src.data() + so, bytes), 0) << bytes << " " << so << " " << d0;
+        for (std::byte* p = dst.data(); p < dst.data() + dst.size(); ++p) {
+          if (p < out || p >= out + bytes) {
+            ASSERT_EQ(*p, std::byte{0x5a}) << "byte " << (p - out) << " of " << bytes;
+          }
+        }
+      }
+}
+
 std::vector<std::int64_t> targets() { return cpu::available_targets(); }
 
 INSTANTIATE_TEST_SUITE_P(AllTargets, SimdTarget, ::testing::ValuesIn(targets()),

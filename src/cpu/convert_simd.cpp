@@ -14,6 +14,7 @@
 #define HWY_TARGET_INCLUDE "cpu/convert_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
+#include <hwy/cache_control.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace skvq::cpu::HWY_NAMESPACE {
@@ -47,6 +48,20 @@ void StoreRowF32(std::byte* p, DType t, std::int64_t n, const float* in) {
     for (; j + L <= n; j += L) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, in + j)), dh, h + j);
   }
   skvq::store_row_f32(p + j * static_cast<std::int64_t>(dtype_size(t)), t, n - j, in + j);
+}
+
+void StreamCopy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  const hn::ScalableTag<std::uint8_t> d;
+  const std::size_t N = hn::Lanes(d);
+  const auto* in = reinterpret_cast<const std::uint8_t*>(src);
+  auto* out = reinterpret_cast<std::uint8_t*>(dst);
+  // the bytes before dst's first vector-aligned address, then whole aligned vectors, then the rest
+  const std::size_t head = std::min(bytes, (N - reinterpret_cast<std::uintptr_t>(out) % N) % N);
+  std::memcpy(out, in, head);
+  std::size_t i = head;
+  for (; i + N <= bytes; i += N) hn::Stream(hn::LoadU(d, in + i), d, out + i);
+  std::memcpy(out + i, in + i, bytes - i);
+  hwy::FlushStream();
 }
 
 float MaxAbs(const float* x, std::int64_t n) {
@@ -137,6 +152,10 @@ HWY_EXPORT(StoreRowF32);
 
 void store_row_f32(std::byte* p, DType t, std::int64_t n, const float* in) {
   HWY_DYNAMIC_DISPATCH(StoreRowF32)(p, t, n, in);
+}
+HWY_EXPORT(StreamCopy);
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  HWY_DYNAMIC_DISPATCH(StreamCopy)(dst, src, bytes);
 }
 HWY_EXPORT(MaxAbs);
 HWY_EXPORT(MaxAbsBits16);

@@ -20,11 +20,16 @@ void load_row_f32(const std::byte* p, DType t, std::int64_t n, float* out);
 // are too), element by element otherwise.
 void load_view_rows(const TensorView& v, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t n, float* out);
 
-// Largest |x| over x[0..n); NaN if any element is NaN.
 // in[0..n) stored as n contiguous elements of type t at p, byte for byte as
 // skvq::store_row_f32 (fp16 by SIMD conversion, round to nearest even).
 void store_row_f32(std::byte* p, DType t, std::int64_t n, const float* in);
 
+// memcpy(dst, src, bytes) with non-temporal (streaming) stores from dst's first vector-aligned
+// byte, then a store fence: for memory that nothing on this core reads back soon (the staging a
+// DMA copies from), whose lines then need not be read into the cache before they are written.
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes);
+
+// Largest |x| over x[0..n); NaN if any element is NaN.
 float max_abs(const float* x, std::int64_t n);
 
 // Largest (h & 0x7fff) over n contiguous fp16 or bf16 bit patterns: the
