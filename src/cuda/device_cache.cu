@@ -754,26 +754,40 @@ class StagingLease {
 };
 
 // Rows [t0, t0 + n) of every (b, h) of `src` into dst as contiguous [B, H, n, D] elements of type `to`
-// (any of them), converted as the CPU cache converts its input; on the pool's threads for long copies
-// (ThreadPool::parallel_rows: a head's rows shared by several threads where heads are few). dst is
-// staging that the device copies from: written by streaming stores (cpu::stream_copy), which spare
-// reading its lines into the cache first (session 57: the conversion took most of a host append).
+// (any of them), converted as the CPU cache converts its input. dst is staging that the device copies
+// from. Long copies run on the pool's threads (ThreadPool::parallel_rows: a head's rows shared by
+// several threads where heads are few) and write dst by streaming stores (cpu::stream_copy), which
+// spare reading its lines into the cache first: session 57 measured the conversion as most of a host
+// append, and the streaming stores 1.3-1.6x faster with fp16 input; a decode step's few rows they
+// made slower (a fence for every head), so short copies store as before.
 void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to, unsigned char* dst) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(to));
   const bool same = src.dtype == to && src.strides[3] == 1;
+  const bool large = B * H * n * D >= detail::kParallelElements;
   const bool block = same && src.strides[2] == D;  // a head's rows adjacent in src as in dst
   const auto rows = [&](std::int64_t bh, std::int64_t i0, std::int64_t i1) {
     auto* out = reinterpret_cast<std::byte*>(dst + ((bh * n) + i0) * D * es);
+    thread_local std::vector<float> row;
+    row.resize(static_cast<std::size_t>(D));
+    if (!large) {
+      for (std::int64_t i = i0; i < i1; ++i, out += D * es) {
+        if (same) {
+          std::memcpy(out, src.ptr(bh / H, bh % H, t0 + i, 0), static_cast<std::size_t>(D * es));
+        } else {
+          cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
+          cpu::store_row_f32(out, to, D, row.data());
+        }
+      }
+      return;
+    }
     if (block) {
       cpu::stream_copy(out, src.ptr(bh / H, bh % H, t0 + i0, 0), static_cast<std::size_t>((i1 - i0) * D * es));
       return;
     }
     // rows converted (or gathered) a batch at a time into a buffer this thread keeps, then streamed
     constexpr std::int64_t kBatch = 32;
-    thread_local std::vector<float> row;
     thread_local std::vector<std::byte> conv;
-    row.resize(static_cast<std::size_t>(D));
     conv.resize(static_cast<std::size_t>(kBatch * D * es));
     for (std::int64_t i = i0; i < i1;) {
       const std::int64_t m = std::min(kBatch, i1 - i);
@@ -792,8 +806,7 @@ void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to,
     }
   };
   detail::ThreadPool& pool = detail::ThreadPool::global();
-  const int threads = B * H * n * D < detail::kParallelElements ? 1 : pool.size();
-  pool.parallel_rows(B * H, n, threads, rows);
+  pool.parallel_rows(B * H, n, large ? pool.size() : 1, rows);
 }
 
 }  // namespace
