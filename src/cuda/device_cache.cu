@@ -758,8 +758,9 @@ class StagingLease {
 // from. Long copies run on the pool's threads (ThreadPool::parallel_rows: a head's rows shared by
 // several threads where heads are few) and write dst by streaming stores (cpu::stream_copy), which
 // spare reading its lines into the cache first: session 57 measured the conversion as most of a host
-// append, and the streaming stores 1.3-1.6x faster with fp16 input; a decode step's few rows they
-// made slower (a fence for every head), so short copies store as before.
+// append, and prefills of fp16 rows 1.2-2.1x faster with the streaming stores from 34 MB of input
+// (docs/performance.md, "Host-tensor calls"); a decode step's few rows they made slower (a fence for
+// every head), so short copies store as before.
 void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to, unsigned char* dst) {
   const std::int64_t B = src.shape[0], H = src.shape[1], D = src.shape[3];
   const std::int64_t es = static_cast<std::int64_t>(dtype_size(to));
