@@ -767,19 +767,21 @@ void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to,
   const bool same = src.dtype == to && src.strides[3] == 1;
   const bool large = B * H * n * D >= detail::kParallelElements;
   const bool block = same && src.strides[2] == D;  // a head's rows adjacent in src as in dst
+  // row i of head bh into `out`, converted; `row` is the conversion's float scratch
+  const auto put_row = [&](std::int64_t bh, std::int64_t i, std::byte* out, std::vector<float>& row) {
+    if (same) {
+      std::memcpy(out, src.ptr(bh / H, bh % H, t0 + i, 0), static_cast<std::size_t>(D * es));
+      return;
+    }
+    row.resize(static_cast<std::size_t>(D));
+    cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
+    cpu::store_row_f32(out, to, D, row.data());
+  };
   const auto rows = [&](std::int64_t bh, std::int64_t i0, std::int64_t i1) {
     auto* out = reinterpret_cast<std::byte*>(dst + ((bh * n) + i0) * D * es);
     thread_local std::vector<float> row;
-    row.resize(static_cast<std::size_t>(D));
     if (!large) {
-      for (std::int64_t i = i0; i < i1; ++i, out += D * es) {
-        if (same) {
-          std::memcpy(out, src.ptr(bh / H, bh % H, t0 + i, 0), static_cast<std::size_t>(D * es));
-        } else {
-          cpu::load_view_rows(src, bh / H, bh % H, t0 + i, 1, row.data());
-          cpu::store_row_f32(out, to, D, row.data());
-        }
-      }
+      for (std::int64_t i = i0; i < i1; ++i, out += D * es) put_row(bh, i, out, row);
       return;
     }
     if (block) {
@@ -792,15 +794,7 @@ void rows_into(const TensorView& src, std::int64_t t0, std::int64_t n, DType to,
     conv.resize(static_cast<std::size_t>(kBatch * D * es));
     for (std::int64_t i = i0; i < i1;) {
       const std::int64_t m = std::min(kBatch, i1 - i);
-      for (std::int64_t j = 0; j < m; ++j) {
-        std::byte* c = conv.data() + j * D * es;
-        if (same) {
-          std::memcpy(c, src.ptr(bh / H, bh % H, t0 + i + j, 0), static_cast<std::size_t>(D * es));
-        } else {
-          cpu::load_view_rows(src, bh / H, bh % H, t0 + i + j, 1, row.data());
-          cpu::store_row_f32(c, to, D, row.data());
-        }
-      }
+      for (std::int64_t j = 0; j < m; ++j) put_row(bh, i + j, conv.data() + j * D * es, row);
       cpu::stream_copy(out, conv.data(), static_cast<std::size_t>(m * D * es));
       out += m * D * es;
       i += m;
