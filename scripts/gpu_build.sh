@@ -8,19 +8,26 @@
 # --keep-before: the bench_cuda of the build already in build-gpu/ (the code before this change) goes
 # into the archive too, as bench_cuda_before, for side-by-side runs of the two in one device call
 # (next to the new one in the archive it costs little: their kernels are mostly the same bytes).
+# --before FILE: FILE (a bench_cuda kept from an earlier build) goes in as bench_cuda_before instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+usage="usage: scripts/gpu_build.sh [--keep-before | --before FILE]"
 before=""
 case "${1:-}" in
-  --keep-before) before=1 ;;
+  --keep-before)
+    [ $# -eq 1 ] || { echo "scripts/gpu_build.sh: --keep-before takes no value ($usage)" >&2; exit 2; }
+    before=build-gpu/bench/bench_cuda ;;
+  --before)
+    [ $# -eq 2 ] || { echo "scripts/gpu_build.sh: --before needs one FILE ($usage)" >&2; exit 2; }
+    before=$2 ;;
   "") ;;
-  *) echo "scripts/gpu_build.sh: unknown argument $1 (usage: scripts/gpu_build.sh [--keep-before])" >&2; exit 2 ;;
+  *) echo "scripts/gpu_build.sh: unknown argument $1 ($usage)" >&2; exit 2 ;;
 esac
 keep=$(mktemp -d)
 trap 'rm -rf "$keep"' EXIT
 if [ -n "$before" ]; then
-  [ -x build-gpu/bench/bench_cuda ] || { echo "scripts/gpu_build.sh --keep-before: no build-gpu/bench/bench_cuda to keep" >&2; exit 2; }
-  cp build-gpu/bench/bench_cuda "$keep/bench_cuda_before"
+  [ -x "$before" ] || { echo "scripts/gpu_build.sh: no executable $before to keep as bench_cuda_before" >&2; exit 2; }
+  cp "$before" "$keep/bench_cuda_before"
 fi
 bash scripts/build.sh build-gpu -DSKVQ_CUDA=ON -DSKVQ_CUDA_ARCHITECTURES=90-real >/dev/null
 rm -rf .devrun && mkdir -p .devrun/lib

@@ -742,13 +742,17 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
 // through the chunk kernel: SKVQ_CUDA_BODY=chunk). Chunks longer than the window put some of
 // their own tokens into the packed body, where each row's causal limit cuts its tiles; windows not
 // a multiple of 128 give tiles that span two windows; a ragged last block of rows, every metadata
-// mode, each value width, groups of 32, 64 and 128, reorder on and off, sinks and none.
+// mode, each value width, groups of 32, 64 and 128, reorder on and off, sinks and none. The last two
+// cases scale each token's values by 10^-3 to 10^3, rising then falling (`ramp`): the chunk kernel
+// rounds its value weights to fp16 against the largest value scale seen so far, so rising scales
+// rescale its sums and falling ones leave small weights far below that scale.
 TEST(Cuda, ChunkedPrefillMatchesCpuReference) {
   REQUIRE_GPU();
   struct ChunkCase {
     Config cfg;
     std::int64_t B, H, history;
     std::vector<std::int64_t> chunks;
+    bool ramp = false;
   };
   const std::vector<ChunkCase> chunk_cases = {
       {gpu_config(128, 4, 128, 2, 2, MetaType::fp16), 1, 2, 700, {40, 300}},
@@ -757,12 +761,23 @@ TEST(Cuda, ChunkedPrefillMatchesCpuReference) {
       {gpu_config(128, 3, 32, 4, 2, MetaType::fp16, false), 1, 1, 640, {129}},
       {gpu_config(64, 2, 128, 8, 8, MetaType::fp16), 1, 2, 300, {70}},
       {gpu_config(128, 4, 64, 2, 2, MetaType::fp32), 1, 1, 260, {200}},
+      {gpu_config(128, 4, 128, 2, 2, MetaType::fp16), 1, 2, 1200, {100}, true},
+      {gpu_config(64, 2, 32, 4, 4, MetaType::fp32), 1, 1, 900, {70}, true},
   };
   std::uint32_t seed = 900;
   for (const ChunkCase& c : chunk_cases) {
     std::int64_t total = c.history;
     for (std::int64_t n : c.chunks) total += n;
     Tensor k = randn({c.B, c.H, total, 128}, seed++, DType::f16, true), v = randn({c.B, c.H, total, 128}, seed++, DType::f16);
+    if (c.ramp) {  // 10^(-3 + 6 x) at x = t / (total / 2), then back down
+      for (std::int64_t b = 0; b < c.B; ++b)
+        for (std::int64_t h = 0; h < c.H; ++h)
+          for (std::int64_t t = 0; t < total; ++t) {
+            const double x = 1.0 - std::fabs(1.0 - 2.0 * static_cast<double>(t) / static_cast<double>(total));
+            const float f = static_cast<float>(std::pow(10.0, -3.0 + 6.0 * x));
+            for (std::int64_t d = 0; d < 128; ++d) v.view().set(b, h, t, d, v.view().at(b, h, t, d) * f);
+          }
+    }
     SkvqCache cpu(c.cfg);
     cuda::DeviceCache gpu(c.cfg, c.B, c.H, 128, total);
     cpu.append(k.view().slice_tokens(0, c.history), v.view().slice_tokens(0, c.history));
@@ -778,7 +793,7 @@ TEST(Cuda, ChunkedPrefillMatchesCpuReference) {
         const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
         const Tensor got = gpu.attend(q.view(), scale);
         expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), scale, got.view(), want.view(),
-                     "window " + std::to_string(c.cfg.window) + " K" + std::to_string(c.cfg.bits_key) + "V" +
+                     std::string(c.ramp ? "ramp " : "") + "window " + std::to_string(c.cfg.window) + " K" + std::to_string(c.cfg.bits_key) + "V" +
                          std::to_string(c.cfg.bits_value) + " g" + std::to_string(c.cfg.group_size) + " chunk " +
                          std::to_string(n) + " after " + std::to_string(len - n) + " G " + std::to_string(G));
       }

@@ -5,7 +5,7 @@
 // A block (4 warps) owns one (batch, kv head, split of the packed body) and kChunkRows = 64 query
 // rows, 16 a warp, and streams the split's 128-token tiles through the same cp.async ring as the
 // other pipelined kernels (TileStream). Each tile is unpacked once a block into shared memory: key
-// codes one byte each, value codes as bf16 integers (exact: codes up to 255). Every warp then runs
+// codes one byte each, value codes as fp16 integers (exact: codes up to 255). Every warp then runs
 // its rows over all 128 tokens of the tile from there (ldmatrix), in two halves of 64 tokens (an
 // online-softmax step each), so the unpacking is shared by 64 rows instead of 8 and each B fragment
 // a warp loads by 16:
@@ -13,10 +13,13 @@
 //           bits against its row's max |q| (A rows 0-7 the high bytes, rows 8-15 the low bytes), B =
 //           key codes; a token's score is sum over its key groups of ksc * step * (256 hi + lo) +
 //           klo * sum(q), the integer form of attn_imma_kernel (docs/numerics.md);
-//   values  bf16 mma.sync m16n8k16 (fp32 sums), A rows 0-7 one row set's weights p * vsc, rows 8-15
-//           the other's, each product run twice: the weights' high bf16 parts RN(u), then their low
-//           parts RN(u - RN(u)) (u to within 2^-18 of itself, with fp32's exponent range, as
-//           attend_tc.cu); B = value codes; sum(p * vlo) alongside in float.
+//   values  fp16 mma.sync m16n8k16 (fp32 sums), A rows 0-7 one row set's weights p * vsc * 2^E,
+//           rows 8-15 the other's, each rounded once to fp16 (to within 2^-11 of itself: half the
+//           GPU tests' allowance for the value weights, docs/numerics.md); 2^E, a power of two the
+//           warp keeps, puts the largest value scale seen so far just below 2^15, so no weight
+//           overflows fp16 and none underflows by more than 2^-39 of that scale; when a tile's
+//           scales need a smaller E the sums are scaled by the exact power of two; B = value codes;
+//           sum(p * vlo) alongside in float.
 // Rows are independent of each other, so the warps need no merge: each writes its rows' partials.
 // The channel order inside the unpacked rows is free (q is placed to match; the values' order is
 // undone when the partials are written) and is chosen so that a 32-bit word of packed codes turns
@@ -25,8 +28,11 @@
 // only 1.1-1.6x faster than attn_imma_kernel (two warps a scheduler at 213-253 registers: latency,
 // not issue, bound); int8 value products (weights rounded to 16 bits per 64 tokens, value codes
 // transposed into shared memory) were no faster than the bf16 ones at K2V2 and 1.3x slower at K4V4.
-#include <cuda_bf16.h>
+// Until session 58 the value products ran twice, on the weights' high and low bf16 parts (to within
+// 2^-18); one fp16 product a weight halves them (docs/performance.md, "Chunked prefill (session 58)").
+#include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "cuda/kernels.cuh"
@@ -37,7 +43,7 @@ namespace skvq::cuda {
 namespace {
 
 constexpr int kKsStride = kD + 16;  // bytes a row of unpacked key codes (144: ldmatrix rows on distinct banks)
-constexpr int kVsStride = kD + 8;   // bf16 a row of unpacked value codes (272 bytes: likewise)
+constexpr int kVsStride = kD + 8;   // fp16 a row of unpacked value codes (272 bytes: likewise)
 constexpr int kWarpRows = 16;       // query rows a warp (two row sets of 8)
 constexpr int kHalf = 64;           // tokens an online-softmax step (half a tile)
 static_assert(kChunkRows == kWarpRows * kThreads / 32, "16 rows a warp");
@@ -51,7 +57,7 @@ __host__ __device__ constexpr int chunk_key_channel(int c) {
   return c - r + PK * (r % 4) + r / 4;
 }
 // Unpacked value column c holds channel chunk_value_channel<VB>(c): a packed word of 32 / VB codes
-// becomes 16 / VB bf16 pairs, pair k holding codes k and 16 / VB + k (the word's halves); 8-bit
+// becomes 16 / VB fp16 pairs, pair k holding codes k and 16 / VB + k (the word's halves); 8-bit
 // codes stay in order.
 template <int VB>
 __host__ __device__ constexpr int chunk_value_channel(int c) {
@@ -74,13 +80,34 @@ __device__ __forceinline__ void ldsm_x4_t(const void* p, unsigned (&r)[4]) {
                : "r"(s));
 }
 
-// u0, u1 as bf16 pairs hi = RN(u), lo = RN(u - hi) (low halves: u0).
-__device__ __forceinline__ void split_bf16(float u0, float u1, unsigned& hi, unsigned& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(u0, u1);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(u0 - hf.x, u1 - hf.y);
-  hi = *reinterpret_cast<const unsigned*>(&h);
-  lo = *reinterpret_cast<const unsigned*>(&l);
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<unsigned>(e + 127) << 23); }
+
+// u0, u1 rounded to an fp16 pair (low half: u0), as the MMA operand's bits.
+__device__ __forceinline__ unsigned half2_bits(float u0, float u1) {
+  const __half2 h = __floats2half2_rn(u0, u1);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// The exponent E that puts the tile's largest value scale just below 2^15 (14 less its binary
+// exponent), the same in every lane; INT_MAX where the tile's live rows hold no positive scale. Each
+// lane takes every 32nd of the live rows' scales (stale rows past `live` may hold anything).
+template <int META, int NG>
+__device__ __forceinline__ int tile_value_exponent(const unsigned char* vsc, int live, int lane) {
+  constexpr int mb = meta_bytes<META>();
+  float mx = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kFastTile / 32; ++k) {
+    const int row = lane + 32 * k;
+#pragma unroll
+    for (int vg = 0; vg < NG; ++vg)
+      if (row < live) mx = fmaxf(mx, fabsf(load_meta(vsc + (row * NG + vg) * mb, META)));
+  }
+  // non-negative floats order as their bits do
+  const unsigned top = __reduce_max_sync(0xffffffffu, __float_as_uint(mx));
+  if (top == 0u || top >= 0x7f800000u) return top == 0u ? INT_MAX : -113;
+  const int e = static_cast<int>(top >> 23) - 127;  // scales are normal floats (>= 2^-27)
+  return min(14 - e, 126);
 }
 
 // The tile's key codes into Ks (one byte a code, chunk_key_channel order), all threads.
@@ -110,9 +137,9 @@ __device__ __forceinline__ void unpack_keys(const unsigned char* kc, unsigned ch
   }
 }
 
-// The tile's value codes into Vs (bf16 integers, chunk_value_channel order), all threads.
+// The tile's value codes into Vs (fp16 integers, chunk_value_channel order), all threads.
 template <int VB>
-__device__ __forceinline__ void unpack_values(const unsigned char* vc, __nv_bfloat16* Vs) {
+__device__ __forceinline__ void unpack_values(const unsigned char* vc, __half* Vs) {
   constexpr int VROW = 16 * VB, PARTS = VROW / 16, PV = 8 / VB;
 #pragma unroll
   for (int it = 0; it < kFastTile * PARTS / kThreads; ++it) {
@@ -128,19 +155,19 @@ __device__ __forceinline__ void unpack_values(const unsigned char* vc, __nv_bflo
         for (int k = 0; k < 2; ++k) {
           const float a = __uint_as_float(__byte_perm(in[i], 0x4B000000u, 0x7540u | (2 * k))) - 8388608.0f;
           const float b = __uint_as_float(__byte_perm(in[i], 0x4B000000u, 0x7540u | (2 * k + 1))) - 8388608.0f;
-          const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+          const __half2 h = __floats2half2_rn(a, b);
           o[k] = *reinterpret_cast<const unsigned*>(&h);
         }
         *reinterpret_cast<uint2*>(dst + 2 * i) = make_uint2(o[0], o[1]);
-      } else {  // pairs (k, H + k) as bf16 128 + code (0x4300 | code), less 128: exact
+      } else {  // pairs (k, H + k) as fp16 1024 + code (0x6400 | code), less 1024: exact
         constexpr int H = 16 / VB;  // pairs a word
         constexpr unsigned kMask2 = ((1u << VB) - 1u) * 0x00010001u;
-        const __nv_bfloat162 base = __floats2bfloat162_rn(128.0f, 128.0f);
+        const __half2 base = __floats2half2_rn(1024.0f, 1024.0f);
         unsigned o[H];
 #pragma unroll
         for (int k = 0; k < H; ++k) {
-          const unsigned x = ((in[i] >> (VB * k)) & kMask2) | 0x43004300u;
-          const __nv_bfloat162 d = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&x), base);
+          const unsigned x = ((in[i] >> (VB * k)) & kMask2) | 0x64006400u;
+          const __half2 d = __hsub2(*reinterpret_cast<const __half2*>(&x), base);
           o[k] = *reinterpret_cast<const unsigned*>(&d);
         }
 #pragma unroll
@@ -155,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
   start_body();
   extern __shared__ __align__(16) unsigned char smem[];
   static_assert(GS == 32 || GS == 64 || GS == 128, "group size");
-  static_assert(VB >= 2, "bf16 value pairs");
+  static_assert(VB >= 2, "fp16 value pairs");
   constexpr int gshift = GS == 32 ? 0 : GS == 64 ? 1 : 2, spg = 1 << gshift;  // k-steps (32 channels) a group
   constexpr int kgs = 2 - gshift;                                             // log2 of the groups a row
   constexpr int NG = 1 << kgs;                                                // groups a row
@@ -163,7 +190,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
   const FastLayout<kFastTile> lay(p);
   unsigned char* ring = smem;
   unsigned char* Ks = smem + kStages * lay.stage;
-  auto* Vs = reinterpret_cast<__nv_bfloat16*>(Ks + kFastTile * kKsStride);
+  auto* Vs = reinterpret_cast<__half*>(Ks + kFastTile * kKsStride);
   // blockIdx.z: the batch entry, then the block's group of kChunkRows query rows after row0
   const int split = blockIdx.x, h = blockIdx.y, b = static_cast<int>(blockIdx.z % static_cast<unsigned>(p.B));
   row0 += static_cast<int>(blockIdx.z / static_cast<unsigned>(p.B)) * kChunkRows;
@@ -199,10 +226,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
 
   // Online softmax of each row over the tokens of this lane (m shared by the row's 4 lanes, l this
   // lane's share); acc[nt]: value n-tile nt, columns 8 nt + 2 t + i of row set 0 ([i]) and of row
-  // set 1 ([2 + i]) (the value MMAs' A rows 0-7 are row set 0's weights, rows 8-15 row set 1's, and
-  // each product runs twice: the weights' high bf16 parts, then their low parts); lacc[r][vg]: sum
-  // of p * vlo of value group vg over this lane's tokens.
+  // set 1 ([2 + i]), times 2^E (the value MMAs' A rows 0-7 are row set 0's weights, rows 8-15 row set
+  // 1's); lacc[r][vg]: sum of p * vlo of value group vg over this lane's tokens.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, acc[16][4], lacc[2][NG];
+  int E = INT_MAX;  // the weights' exponent (none yet: acc is zero)
 #pragma unroll
   for (int nt = 0; nt < 16; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 #pragma unroll
@@ -215,6 +242,19 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
     __syncthreads();
     const std::int64_t t0 = tiles.first_token(tile);
     const int live = tiles.live_rows(tile);  // rows past it hold stale bytes: masked, values zeroed
+    const int e_tile = tile_value_exponent<META, NG>(stage + lay.vsc, live, lane);
+    if (e_tile < E) {  // larger scales than any before: smaller weights, the sums so far likewise (exact)
+      if (E != INT_MAX) {  // 2^(e_tile - E) as two factors, each within float's normal range
+        const int d = e_tile - E;
+        const float f0 = pow2(d / 2), f1 = pow2(d - d / 2);
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[nt][j] = acc[nt][j] * f0 * f1;
+      }
+      E = e_tile;
+    }
+    const float wscale = E == INT_MAX ? 1.0f : pow2(E);
     auto rel = [t0](std::int64_t x) { return static_cast<int>(x < t0 ? -1 : x - t0 > kFastTile ? kFastTile : x - t0); };
     const int lo = rel(p.sinks), hi0 = min(rel(limit[0]), live - 1), hi1 = min(rel(limit[1]), live - 1);
 
@@ -282,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
             const int local = h0 + 16 * kt + 8 * (e / 2) + 2 * t + e % 2;
             const int mo = ((local << kgs) + vg) * mb;
             const bool ok = local < live;  // weight 0 either way, but stale metadata could be NaN
-            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) : 0.0f;
+            const float vs = ok ? load_meta(stage + lay.vsc + mo, META) * wscale : 0.0f;  // exact
             const float vl = ok ? load_meta(stage + lay.vlo + mo, META) : 0.0f;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
@@ -291,20 +331,18 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
               lacc[r][vg] = fmaf(pe, vl, lacc[r][vg]);
             }
           }
-          unsigned ah[4], al[4];  // a0: row set 0, k 2 t, 2 t + 1; a1: row set 1; a2, a3: k + 8
-          split_bf16(u[0][0], u[0][1], ah[0], al[0]);
-          split_bf16(u[1][0], u[1][1], ah[1], al[1]);
-          split_bf16(u[0][2], u[0][3], ah[2], al[2]);
-          split_bf16(u[1][2], u[1][3], ah[3], al[3]);
-          const __nv_bfloat16* vr = Vs + (h0 + 16 * kt + 8 * ((lane / 8) % 2) + lane % 8) * kVsStride + 8 * (lane / 16);
+          unsigned a[4];  // a0: row set 0, k 2 t, 2 t + 1; a1: row set 1; a2, a3: k + 8
+          a[0] = half2_bits(u[0][0], u[0][1]);
+          a[1] = half2_bits(u[1][0], u[1][1]);
+          a[2] = half2_bits(u[0][2], u[0][3]);
+          a[3] = half2_bits(u[1][2], u[1][3]);
+          const __half* vr = Vs + (h0 + 16 * kt + 8 * ((lane / 8) % 2) + lane % 8) * kVsStride + 8 * (lane / 16);
 #pragma unroll
           for (int np = vg * (GS / 16); np < (vg + 1) * (GS / 16); ++np) {
             unsigned vb[4];
             ldsm_x4_t(vr + 16 * np, vb);
-            mma_bf16(acc[2 * np], ah, vb[0], vb[1]);
-            mma_bf16(acc[2 * np + 1], ah, vb[2], vb[3]);
-            mma_bf16(acc[2 * np], al, vb[0], vb[1]);
-            mma_bf16(acc[2 * np + 1], al, vb[2], vb[3]);
+            mma_f16(acc[2 * np], a, vb[0], vb[1]);
+            mma_f16(acc[2 * np + 1], a, vb[2], vb[3]);
           }
         }
       }
@@ -321,6 +359,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
   }
   __syncthreads();  // every warp is done with Ks and Vs
   float* sm_acc = reinterpret_cast<float*>(Ks);  // [kChunkRows][kD]: 32 KB of the 52 KB of Ks and Vs
+  const float unscale = E == INT_MAX ? 1.0f : pow2(-E);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = kWarpRows * warp + 8 * r + g;
@@ -330,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int col = 8 * nt + 2 * t + i;
-        sm_acc[row * kD + chunk_value_channel<VB>(col)] = acc[nt][2 * r + i] + lacc[r][col / GS];
+        sm_acc[row * kD + chunk_value_channel<VB>(col)] = fmaf(acc[nt][2 * r + i], unscale, lacc[r][col / GS]);
       }
   }
   __syncthreads();
