@@ -736,9 +736,9 @@ TEST(Cuda, AttentionAtAwkwardLengthsAndSplits) {
 }
 
 // Chunked prefill: chunks of new tokens appended after a packed history, then the causal attention
-// of all their query rows (Sq = the chunk) at once. From 64 rows a KV head the packed body goes
-// through the chunk kernel (attend_chunk.cu: 64 rows a block, the tile unpacked once a block);
-// fewer rows through the integer tensor-core kernel (scripts/gpu.sh also runs every attention test
+// of all their query rows (Sq = the chunk) at once. From 40 rows a KV head (2-bit keys; 32 with
+// wider ones) the packed body goes through the chunk kernel (attend_chunk.cu: 64 rows a block, the
+// tile unpacked once a block); fewer rows through the integer tensor-core kernel (scripts/gpu.sh also runs every attention test
 // through the chunk kernel: SKVQ_CUDA_BODY=chunk). Chunks longer than the window put some of
 // their own tokens into the packed body, where each row's causal limit cuts its tiles; windows not
 // a multiple of 128 give tiles that span two windows; a ragged last block of rows, every metadata

@@ -2274,18 +2274,19 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // chunk kernel (attend_chunk.cu), 64 rows a block. SKVQ_CUDA_BODY=chunk forces the chunk kernel
 // where its shapes allow.
 enum class Body { fast, imma, tmma, rs, chunk };
-// Query rows a KV head from which the chunk kernel takes the packed body by default: 48 with 2-bit
-// keys, 40 with wider ones. Below a whole block of kChunkRows its idle rows cost what full ones do,
+// Query rows a KV head from which the chunk kernel takes the packed body by default: 40 with 2-bit
+// keys, 32 with wider ones. Below a whole block of kChunkRows its idle rows cost what full ones do,
 // where the integer tensor-core kernel's work shrinks by 8 rows at a time; measured side by side
-// (session 53, H100, `bench_cuda --chunks 8,10,12,14,16` with SKVQ_CUDA_CHUNK_ROWS=0 and =1, G = 4;
-// docs/performance.md "Chunked prefill (session 53)"): at 48 rows the chunk kernel is 8% slower at
-// B=1 Hkv=8 32k K2V2 g128 and 9-18% faster at 128k and at B=8; at 40 rows 7-17% slower at K2V2 B=1;
-// with 4-bit keys and values 9-48% faster from 40 rows (at 32 rows 9% slower to 14% faster); at 64
-// rows (session 51's threshold) 1.07-2.1x faster. SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
+// (`bench_cuda --chunks 8,10,12,14,16` with SKVQ_CUDA_CHUNK_ROWS=0 and =1, G = 4; docs/performance.md
+// "Chunked prefill (session 58)"). Session 58 (H200, the chunk kernel's one fp16 value product): at
+// 40 rows K2V2 g128 the chunk kernel is 8% slower at B=1 Hkv=8 32k and 7% and 22% faster at 128k and
+// at B=8 (at 48 rows 1.02-1.36x faster); with 4-bit keys and values 1.05-1.32x faster at 32 rows (fewer
+// not measured). Session 53 (H100, two bf16 value products) had put the thresholds at 48 and 40 by
+// the same measure. SKVQ_CUDA_CHUNK_ROWS=N sets it (0: never).
 int chunk_min_rows(const AttnParams& p) {
   static const int n = env_int("SKVQ_CUDA_CHUNK_ROWS", -1);
   if (n >= 0) return n;
-  return p.k.bits == 2 ? 48 : 40;
+  return p.k.bits == 2 ? 40 : 32;
 }
 // Settings whose single query row a KV head goes through the token-major kernel's one-row form by
 // default. Measured against the one-token-per-lane kernel (docs/performance-history.md): 7-15% faster
