@@ -195,6 +195,11 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"inspect " + d.path.string(), d.path.string() + ": is a directory"},
       {"demo --kv-len 99999999999999999999", "99999999999999999999 is out of the 64-bit integer range"},
       {"demo --kv-len 100000000 --heads 64", "2^30 values"},
+      {"demo --seed -5", "--seed: -5 must be a whole number in [0, 4294967295]"},
+      {"demo --seed 4294967296", "--seed: 4294967296 must be a whole number in [0, 4294967295]"},
+      {"generate --model m.bin --prompt hi --seed -1", "--seed: -1 must be a whole number in [0, 18446744073709551615]"},
+      {"generate --model m.bin --prompt hi --seed 18446744073709551616", "18446744073709551616 must be a whole number"},
+      {"generate --model m.bin --prompt hi --seed 0x10", "0x10 must be a whole number"},
       {"quantize" + kv, "--out"},
       {"frobnicate", "frobnicate"},
   };

@@ -5,10 +5,12 @@
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "skvq/config.hpp"
@@ -28,6 +30,25 @@ inline CLI::Validator int64_in_range() {
         return "";
       },
       "", "INT64");  // no description: --help keeps CLI11's own "INT" rather than "INT:INT64"
+}
+
+// For unsigned options (seeds): CLI11 reads "-1" into a uint64_t as 2^64 - 1 and a number past the
+// range as its bound, so that two different seeds would quietly run as one; this takes only a plain
+// decimal number within [0, max of T] (an optional leading '+'), naming the value as written.
+template <typename T>
+CLI::Validator unsigned_in_range() {
+  static_assert(std::is_unsigned_v<T>, "unsigned options");
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        T v = 0;
+        const char* b = s.data() + (!s.empty() && s[0] == '+' ? 1 : 0);
+        const char* e = s.data() + s.size();
+        const auto r = std::from_chars(b, e, v);
+        if (b == e || r.ec != std::errc() || r.ptr != e)
+          return s + " must be a whole number in [0, " + std::to_string(std::numeric_limits<T>::max()) + "]";
+        return "";
+      },
+      "", "UINT");
 }
 
 // A bad argument or input file: the program prints "skvq <cmd>: <message>"

@@ -131,7 +131,7 @@ void register_demo(CLI::App& app, CommandList& commands) {
   sub->add_option("--kv-len", args->kv_len, "tokens in the synthetic context")->check(int64_in_range())->capture_default_str();
   sub->add_option("--heads", args->heads, "KV heads")->check(int64_in_range())->capture_default_str();
   sub->add_option("--head-dim", args->head_dim, "head dim")->check(int64_in_range())->capture_default_str();
-  sub->add_option("--seed", args->seed, "workload seed")->capture_default_str();
+  sub->add_option("--seed", args->seed, "workload seed")->check(unsigned_in_range<std::uint32_t>())->capture_default_str();
   commands.emplace_back(sub, [args] { return run_demo(*args); });
 }
 

@@ -200,7 +200,7 @@ void register_generate(CLI::App& app, CommandList& commands) {
   sub->add_option("--prompt", a->prompt, "prompt text")->required();
   sub->add_option("-n", a->n, "tokens to generate")->capture_default_str();
   sub->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
-  sub->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  sub->add_option("--seed", a->seed, "sampling seed")->check(unsigned_in_range<std::uint64_t>())->capture_default_str();
   sub->add_option("--cache", a->cache, "fp16 or skvq")->capture_default_str();
   sub->add_option("--set", a->sets, "skvq config FIELD=VALUE");
   sub->add_option("--save-cache", a->save_cache, "save the conversation's cache to FILE when done");
