@@ -475,6 +475,10 @@ TEST(Model, CommandLineRejectsBadInput) {
        "--config a:window=4,n_sink=4: n_sink=4 must be in [0, 3]"},
       {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},
       {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
+      // the cache's head dim comes from the model: another one is refused, not ignored
+      {"generate --model " + model + " --prompt hi --cache skvq --set head_dim=8",
+       "--set head_dim=8: the model's heads have 16 channels"},
+      {"eval --model " + model + " --text " + model + " --config a:head_dim=32", "--config a:head_dim=32: head_dim=32, but the model's heads have 16"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
       {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be a finite number >= 0"},
       {"generate --model " + model + " --prompt hi --temperature nan", "--temperature nan must be a finite number >= 0"},

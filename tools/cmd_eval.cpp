@@ -55,6 +55,10 @@ Named parse_config(const std::string& spec, int head_dim) {
     }
   }
   apply_sets(n.cfg, sets, "--config " + spec + ":");
+  if (n.cfg.head_dim != head_dim) {
+    throw UsageError("--config " + spec + ": head_dim=" + std::to_string(n.cfg.head_dim) + ", but the model's heads have " +
+                     std::to_string(head_dim) + " channels (the cache takes its head dim from the model)");
+  }
   return n;
 }
 

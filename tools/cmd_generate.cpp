@@ -121,6 +121,10 @@ int run_generate(const GenerateArgs& a) {
     Config cfg;
     cfg.head_dim = mc.head_dim();
     apply_sets(cfg, a.sets, "--set");
+    if (cfg.head_dim != mc.head_dim()) {
+      throw UsageError("--set head_dim=" + std::to_string(cfg.head_dim) + ": the model's heads have " + std::to_string(mc.head_dim()) +
+                       " channels (the cache takes its head dim from the model)");
+    }
     cache = runner.make_cache(a.cache == "skvq" ? CacheKind::skvq : CacheKind::plain, cfg);
   }
   std::vector<int> prompt = lm.tokenizer.encode(a.prompt, history.empty());
