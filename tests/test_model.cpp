@@ -541,6 +541,17 @@ TEST(Model, GenerateSavesAndResumesACache) {
   run(baby().tok.encode("Once upon a time", true), 20, &t1);
   run(baby().tok.encode(" The end.", false), 20, &t2);
   EXPECT_EQ(resumed, " The end." + t2 + "\n");
+  // the saved cache keeps its kind: --cache naming the other one is refused (one line, exit 2), the same one taken
+  const std::string resume = cli + " generate --model " + model + " --load-cache " + file + " --prompt ' The end.' -n 20";
+  const int refused = std::system((resume + " --cache fp16 >" + out2 + " 2>&1").c_str());
+  ASSERT_TRUE(WIFEXITED(refused));
+  EXPECT_EQ(WEXITSTATUS(refused), 2);
+  std::ifstream o3(out2);
+  const std::string err((std::istreambuf_iterator<char>(o3)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(err, "skvq generate: --cache fp16: the cache given by --load-cache " + file + " is an skvq one (a saved cache keeps its kind)\n");
+  ASSERT_EQ(std::system((resume + " --cache skvq >" + out2 + " 2>/dev/null").c_str()), 0);
+  std::ifstream o4(out2);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(o4)), std::istreambuf_iterator<char>()), resumed);
   for (const auto& p : {file, out1, out2}) fs::remove(p);
 }
 

@@ -25,6 +25,7 @@ struct GenerateArgs {
   double temperature = 0.0;
   std::uint64_t seed = 0;
   std::vector<std::string> sets;
+  bool cache_given = false;  // --cache on the command line (not its default)
 };
 
 int sample(const float* logits, int V, double temperature, std::mt19937_64& rng) {
@@ -112,6 +113,11 @@ int run_generate(const GenerateArgs& a) {
     }
     if (ex.strings["model"] != model_signature(lm.model) || cache.size() != static_cast<std::size_t>(mc.n_layers)) {
       throw UsageError("--load-cache " + a.load_cache + ": the cache belongs to a different model (" + ex.strings["model"] + ")");
+    }
+    const std::string kind = cache.layer(0).kind() == "skvq" ? "skvq" : "fp16";
+    if (a.cache_given && a.cache != kind) {
+      throw UsageError("--cache " + a.cache + ": the cache given by --load-cache " + a.load_cache + " is an " + kind +
+                       " one (a saved cache keeps its kind)");
     }
     history = ex.int_arrays["tokens"];
     if (static_cast<std::int64_t>(history.size()) != cache.layer(0).offset()) {
@@ -205,13 +211,16 @@ void register_generate(CLI::App& app, CommandList& commands) {
   sub->add_option("-n", a->n, "tokens to generate")->capture_default_str();
   sub->add_option("--temperature", a->temperature, "0: greedy")->capture_default_str();
   sub->add_option("--seed", a->seed, "sampling seed")->check(unsigned_in_range<std::uint64_t>())->capture_default_str();
-  sub->add_option("--cache", a->cache, "fp16 or skvq")->capture_default_str();
+  CLI::Option* cache = sub->add_option("--cache", a->cache, "fp16 or skvq (with --load-cache: the saved cache's kind)")->capture_default_str();
   sub->add_option("--set", a->sets, "skvq config FIELD=VALUE");
   sub->add_option("--save-cache", a->save_cache, "save the conversation's cache to FILE when done");
   sub->add_option("--load-cache", a->load_cache, "resume from a cache FILE (the prompt continues it)");
   sub->add_option("--device", a->device, "cpu, or cuda: the skvq cache and its attention on the GPU")
       ->capture_default_str();
-  commands.emplace_back(sub, [a] { return run_generate(*a); });
+  commands.emplace_back(sub, [a, cache] {
+    a->cache_given = cache->count() > 0;
+    return run_generate(*a);
+  });
 }
 
 }  // namespace skvq::tools
