@@ -479,6 +479,12 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"generate --model " + model + " --prompt hi --cache skvq --set head_dim=8",
        "--set head_dim=8: the model's heads have 16 channels"},
       {"eval --model " + model + " --text " + model + " --config a:head_dim=32", "--config a:head_dim=32: head_dim=32, but the model's heads have 16"},
+      // the runner's caches keep no dense view; a max_ctx the prompt or eval's segments overflow is refused up front
+      {"generate --model " + model + " --prompt hi --cache skvq --set dense_view=true", "--set dense_view=true: generate's cache keeps no dense view"},
+      {"eval --model " + model + " --text " + model + " --config a:dense_view=true", "--config a:dense_view=true: eval's caches keep no dense view"},
+      {"generate --model " + model + " --prompt hi --cache skvq --set max_ctx=3", "--prompt: 4 tokens exceed the cache's max_ctx of 3 tokens"},
+      {"eval --model " + model + " --text " + model + " --config a:max_ctx=10",
+       "--config a:max_ctx=10: max_ctx=10 is less than eval's segments of 255 tokens"},
       {"convert --model " + model + " --out /tmp/x.gguf --dtype q4", "--dtype q4"},
       {"generate --model " + model + " --prompt hi --temperature -1", "--temperature -1 must be a finite number >= 0"},
       {"generate --model " + model + " --prompt hi --temperature nan", "--temperature nan must be a finite number >= 0"},
@@ -553,6 +559,29 @@ TEST(Model, GenerateSavesAndResumesACache) {
   std::ifstream o4(out2);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(o4)), std::istreambuf_iterator<char>()), resumed);
   for (const auto& p : {file, out1, out2}) fs::remove(p);
+}
+
+// A cache whose max_ctx is below the model's context ends the generation where it is full, as the
+// model's context does: the tokens it holds are printed, then one line says why it stopped.
+TEST(Model, GenerateStopsWhereTheCacheIsFull) {
+  REQUIRE_DATA();
+  const std::string model = (kData / "babyllama/model5000.bin").string();
+  const std::string out = tmp("full.txt"), err = tmp("full.err");
+  const std::string gen = std::string(SKVQ_CLI_PATH) + " generate --model " + model + " --prompt 'Once upon a time' -n 40";
+  ASSERT_EQ(std::system((gen + " --cache skvq --set max_ctx=24 >" + out + " 2>" + err).c_str()), 0);
+  const auto read = [](const std::string& f) {
+    std::ifstream in(f);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string short_text = read(out), short_err = read(err);
+  // "Once upon a time" is 18 tokens with BOS: 6 generated fill the 24
+  EXPECT_NE(short_err.find("stopped after 6 of 40 tokens: the cache's max_ctx of 24 tokens is full"), std::string::npos) << short_err;
+  ASSERT_EQ(std::system((gen + " --cache skvq >" + out + " 2>/dev/null").c_str()), 0);
+  const std::string long_text = read(out);
+  // the same greedy tokens as far as the small cache went (character-level vocabulary: one a token)
+  ASSERT_EQ(short_text.size(), std::string("Once upon a time").size() + 6 + 1);
+  EXPECT_EQ(long_text.substr(0, short_text.size() - 1), short_text.substr(0, short_text.size() - 1));
+  for (const auto& p : {out, err}) fs::remove(p);
 }
 
 // generate --device cuda: the skvq cache and its attention on the GPU, with the model on the CPU.

@@ -28,7 +28,7 @@ struct EvalArgs {
 };
 
 struct Named {
-  std::string name;
+  std::string name, spec;  // spec: the --config as given
   bool fp16 = false;
   Config cfg;
 };
@@ -44,8 +44,10 @@ Named parse_config(const std::string& spec, int head_dim) {
   Named n;
   const auto colon = spec.find(':');
   n.name = spec.substr(0, colon);
+  n.spec = spec;
   if (n.name.empty()) throw UsageError("--config " + spec + ": needs a NAME before ':'");
   n.cfg.head_dim = head_dim;
+  n.cfg.dense_view = false;  // (the runner's caches keep none: only an explicit dense_view=true is refused below)
   std::vector<std::string> sets;
   if (colon != std::string::npos) {
     std::stringstream ss(spec.substr(colon + 1));
@@ -55,6 +57,7 @@ Named parse_config(const std::string& spec, int head_dim) {
     }
   }
   apply_sets(n.cfg, sets, "--config " + spec + ":");
+  if (n.cfg.dense_view) throw UsageError("--config " + spec + ": eval's caches keep no dense view (their attention reads the packed store)");
   if (n.cfg.head_dim != head_dim) {
     throw UsageError("--config " + spec + ": head_dim=" + std::to_string(n.cfg.head_dim) + ", but the model's heads have " +
                      std::to_string(head_dim) + " channels (the cache takes its head dim from the model)");
@@ -94,7 +97,7 @@ int run_eval(const EvalArgs& a) {
   const model::Runner runner(lm.model);
   const auto& mc = lm.model.cfg;
   std::vector<Named> runs;
-  runs.push_back({"fp16", true, {}});
+  runs.push_back({"fp16", "", true, {}});
   for (const auto& s : a.configs) {
     runs.push_back(parse_config(s, mc.head_dim()));
     if (runs.back().name == "fp16") throw UsageError("--config " + s + ": the name fp16 is taken by the baseline");
@@ -107,6 +110,14 @@ int run_eval(const EvalArgs& a) {
   if (static_cast<std::int64_t>(toks.size()) > a.max_tokens) toks.resize(static_cast<std::size_t>(a.max_tokens));
   if (toks.size() < 2) throw UsageError("--text " + a.text + ": fewer than 2 tokens");
   const std::size_t seg = static_cast<std::size_t>(std::max(mc.seq_len - 1, 1));
+  // every segment's tokens go into one cache: a smaller max_ctx would fail in the middle of the run
+  const std::int64_t longest = static_cast<std::int64_t>(std::min(seg, toks.size()));
+  for (const Named& run : runs) {
+    if (!run.fp16 && run.cfg.max_ctx && *run.cfg.max_ctx < longest) {
+      throw UsageError("--config " + run.spec + ": max_ctx=" + std::to_string(*run.cfg.max_ctx) + " is less than eval's segments of " +
+                       std::to_string(longest) + " tokens");
+    }
+  }
   const std::size_t n_seg = (toks.size() + seg - 1) / seg;
   const int V = mc.vocab_size;
   const bool tty = isatty(2) != 0;

@@ -126,18 +126,26 @@ int run_generate(const GenerateArgs& a) {
   } else {
     Config cfg;
     cfg.head_dim = mc.head_dim();
+    cfg.dense_view = false;  // (the runner's caches keep none: only an explicit dense_view=true is refused below)
     apply_sets(cfg, a.sets, "--set");
+    if (cfg.dense_view) throw UsageError("--set dense_view=true: generate's cache keeps no dense view (its attention reads the packed store)");
     if (cfg.head_dim != mc.head_dim()) {
       throw UsageError("--set head_dim=" + std::to_string(cfg.head_dim) + ": the model's heads have " + std::to_string(mc.head_dim()) +
                        " channels (the cache takes its head dim from the model)");
     }
     cache = runner.make_cache(a.cache == "skvq" ? CacheKind::skvq : CacheKind::plain, cfg);
   }
+  // The context the conversation may fill: the model's, or the skvq cache's max_ctx where smaller.
+  std::int64_t limit = mc.seq_len;
+  std::string limit_what = "the model's context of " + std::to_string(mc.seq_len) + " tokens";
+  if (const auto* s = dynamic_cast<const SkvqCache*>(&cache.layer(0)); s && s->config().max_ctx && *s->config().max_ctx < limit) {
+    limit = *s->config().max_ctx;
+    limit_what = "the cache's max_ctx of " + std::to_string(limit) + " tokens";
+  }
   std::vector<int> prompt = lm.tokenizer.encode(a.prompt, history.empty());
   if (prompt.empty()) throw UsageError("--prompt must not be empty when resuming a cache");
-  if (static_cast<std::int64_t>(history.size() + prompt.size()) + 1 > mc.seq_len) {
-    throw UsageError("--prompt: " + std::to_string(history.size() + prompt.size()) + " tokens exceed the model's context of " +
-                     std::to_string(mc.seq_len));
+  if (static_cast<std::int64_t>(history.size() + prompt.size()) + 1 > limit) {
+    throw UsageError("--prompt: " + std::to_string(history.size() + prompt.size()) + " tokens exceed " + limit_what);
   }
   std::optional<DeviceLayers> gpu;
   if (on_gpu && cache.layer(0).kind() != "skvq") {
@@ -159,7 +167,7 @@ int run_generate(const GenerateArgs& a) {
   std::mt19937_64 rng(a.seed);
   int prev = history.back(), produced = 0;
   const auto t1 = std::chrono::steady_clock::now();
-  for (int i = 0; i < a.n && static_cast<std::int64_t>(history.size()) < mc.seq_len; ++i) {
+  for (int i = 0; i < a.n && static_cast<std::int64_t>(history.size()) < limit; ++i) {
     const int next = sample(logits.data(), mc.vocab_size, a.temperature, rng);
     if (next == lm.tokenizer.eos() || next == lm.tokenizer.bos()) break;
     std::printf("%s", lm.tokenizer.decode(prev, next).c_str());
@@ -183,9 +191,8 @@ int run_generate(const GenerateArgs& a) {
                cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", on_gpu ? " on cuda" : "", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
                fp16 > 0 ? static_cast<double>(sb.total()) / fp16 : 0.0, static_cast<double>(peak_rss_bytes()) / 1048576.0,
                prompt.size(), prompt_s, produced, gen_s, gen_s > 0 ? produced / gen_s : 0.0);
-  if (produced < a.n && static_cast<std::int64_t>(history.size()) >= mc.seq_len) {
-    std::fprintf(stderr, "stopped after %d of %d tokens: the model's context of %d tokens is full\n", produced, a.n,
-                 static_cast<int>(mc.seq_len));
+  if (produced < a.n && static_cast<std::int64_t>(history.size()) >= limit) {
+    std::fprintf(stderr, "stopped after %d of %d tokens: %s is full\n", produced, a.n, limit_what.c_str());
   }
   if (!a.save_cache.empty()) {
     CacheFileExtras ex;
