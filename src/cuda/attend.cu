@@ -95,8 +95,8 @@ struct LaneCodes {
   }
 };
 
-// 2^-k, exact, from its exponent bits (0 <= k < 127): the place value of a code slice k bits up.
-__device__ __forceinline__ float pow2_neg(int k) { return __uint_as_float(static_cast<unsigned>(127 - k) << 23); }
+// 2^-k, exact (0 <= k < 127): the place value of a code slice k bits up.
+__device__ __forceinline__ float pow2_neg(int k) { return pow2(-k); }
 
 // ---- per-block timestamps (cuda/trace.hpp; empty unless SKVQ_CUDA_TRACE) ----
 #ifdef SKVQ_CUDA_TRACE
@@ -1795,11 +1795,6 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
 // __byte_perm brings the two rows' bytes together). q and p are rounded to fp16,
 // as FlashAttention does, so results carry fp16-level rounding (docs/numerics.md).
 constexpr int kMmaMaxGroups = 4;
-
-__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const unsigned*>(&h);
-}
 
 // {c(bits s..), c(bits s+16..)} of x as an exact fp16 pair.
 template <int B>

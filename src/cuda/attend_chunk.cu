@@ -80,15 +80,6 @@ __device__ __forceinline__ void ldsm_x4_t(const void* p, unsigned (&r)[4]) {
                : "r"(s));
 }
 
-// 2^e as a float, e in [-126, 127].
-__device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<unsigned>(e + 127) << 23); }
-
-// u0, u1 rounded to an fp16 pair (low half: u0), as the MMA operand's bits.
-__device__ __forceinline__ unsigned half2_bits(float u0, float u1) {
-  const __half2 h = __floats2half2_rn(u0, u1);
-  return *reinterpret_cast<const unsigned*>(&h);
-}
-
 // The exponent E that puts the tile's largest value scale just below 2^15 (14 less its binary
 // exponent), the same in every lane; INT_MAX where the tile's live rows hold no positive scale. Each
 // lane takes every 32nd of the live rows' scales (stale rows past `live` may hold anything).
@@ -332,10 +323,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_chunk_kernel(const AttnParam
             }
           }
           unsigned a[4];  // a0: row set 0, k 2 t, 2 t + 1; a1: row set 1; a2, a3: k + 8
-          a[0] = half2_bits(u[0][0], u[0][1]);
-          a[1] = half2_bits(u[1][0], u[1][1]);
-          a[2] = half2_bits(u[0][2], u[0][3]);
-          a[3] = half2_bits(u[1][2], u[1][3]);
+          a[0] = pack_half2(u[0][0], u[0][1]);
+          a[1] = pack_half2(u[1][0], u[1][1]);
+          a[2] = pack_half2(u[0][2], u[0][3]);
+          a[3] = pack_half2(u[1][2], u[1][3]);
           const __half* vr = Vs + (h0 + 16 * kt + 8 * ((lane / 8) % 2) + lane % 8) * kVsStride + 8 * (lane / 16);
 #pragma unroll
           for (int np = vg * (GS / 16); np < (vg + 1) * (GS / 16); ++np) {

@@ -18,6 +18,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// 2^e, exact, from its exponent bits (-126 <= e <= 127).
+__device__ __forceinline__ float pow2(int e) { return __uint_as_float(static_cast<unsigned>(e + 127) << 23); }
+
+// lo, hi rounded to an fp16 pair (low half: lo), as an MMA operand's bits.
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
 // D += A B, mma.sync m16n8k16 (A row-major, B column-major), fp32 sums: fp16 inputs, bf16 inputs.
 __device__ __forceinline__ void mma_f16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
