@@ -408,8 +408,7 @@ TEST(Model, BadFilesAreClearErrors) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   };
-  std::ifstream f(kData / "babyllama/model5000.bin", std::ios::binary);
-  const std::string good((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::string good = read_file(kData / "babyllama/model5000.bin");
   for (std::size_t n : {0ul, 10ul, 28ul, 1000ul, good.size() / 2, good.size() - 4}) {
     write(good.substr(0, n));
     EXPECT_THROW(model::load_llama2c(path), Error) << n;
@@ -426,16 +425,14 @@ TEST(Model, BadFilesAreClearErrors) {
   }
   // GGUF: truncated anywhere
   model::write_gguf(baby().m, baby().tok, path, "f16");
-  std::ifstream g(path, std::ios::binary);
-  const std::string gg((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  const std::string gg = read_file(path);
   for (std::size_t n = 0; n < gg.size(); n += gg.size() / 37) {
     write(gg.substr(0, n));
     Tokenizer tk;
     EXPECT_THROW(model::load_gguf(path, &tk), Error) << n;
   }
   // tokenizer: truncated
-  std::ifstream tf(kData / "babyllama/tok105.bin", std::ios::binary);
-  const std::string tb((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+  const std::string tb = read_file(kData / "babyllama/tok105.bin");
   write(tb.substr(0, tb.size() / 2));
   EXPECT_THROW(Tokenizer::load_llama2c(path, 105), Error);
   // tokenizer: the SentencePiece model beside it is named as such
@@ -452,12 +449,6 @@ TEST(Model, CommandLineRejectsBadInput) {
   REQUIRE_DATA();
   const std::string model = (kData / "babyllama/model5000.bin").string();
   const std::string err = tmp("err.txt");
-  auto run = [&](const std::string& args) {
-    const int rc = std::system((std::string(SKVQ_CLI_PATH) + " " + args + " >/dev/null 2>" + err).c_str());
-    std::ifstream e(err);
-    std::string text((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
-    return std::pair<int, std::string>{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, text};
-  };
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"generate --model /nonexistent.bin --prompt hi", "--model"},
       {"generate --model " + model + " --prompt hi --cache fp8", "--cache fp8"},
@@ -474,14 +465,16 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"eval --model " + model + " --text " + model + " --config a:window=4,n_sink=4",
        "--config a:window=4,n_sink=4: n_sink=4 must be in [0, 3]"},
       {"eval --model " + model + " --text " + model + " --config fp16:bits_key=4", "fp16"},
+      {"eval --model " + model + " --text " + model + " --config a:bits_key=4,,window=8", "--config a:bits_key=4,,window=8: an empty FIELD=VALUE"},
+      {"eval --model " + model + " --text " + model + " --config a:bits_key=4,", "--config a:bits_key=4,: an empty FIELD=VALUE"},
       {"eval --model " + model + " --text " + model + " --config a:bits_key=2 --config a:bits_key=4", "given twice"},
       // the cache's head dim comes from the model: another one is refused, not ignored
       {"generate --model " + model + " --prompt hi --cache skvq --set head_dim=8",
-       "--set head_dim=8: the model's heads have 16 channels"},
+       "--set: head_dim=8, but the model's heads have 16 channels"},
       {"eval --model " + model + " --text " + model + " --config a:head_dim=32", "--config a:head_dim=32: head_dim=32, but the model's heads have 16"},
       // the runner's caches keep no dense view; a max_ctx the prompt or eval's segments overflow is refused up front
-      {"generate --model " + model + " --prompt hi --cache skvq --set dense_view=true", "--set dense_view=true: generate's cache keeps no dense view"},
-      {"eval --model " + model + " --text " + model + " --config a:dense_view=true", "--config a:dense_view=true: eval's caches keep no dense view"},
+      {"generate --model " + model + " --prompt hi --cache skvq --set dense_view=true", "--set: dense_view=true, but the model runner's caches keep no dense view"},
+      {"eval --model " + model + " --text " + model + " --config a:dense_view=true", "--config a:dense_view=true: dense_view=true, but the model runner's caches keep no dense view"},
       {"generate --model " + model + " --prompt hi --cache skvq --set max_ctx=3", "--prompt: 4 tokens exceed the cache's max_ctx of 3 tokens"},
       {"eval --model " + model + " --text " + model + " --config a:max_ctx=10",
        "--config a:max_ctx=10: max_ctx=10 is less than eval's segments of 255 tokens"},
@@ -504,7 +497,7 @@ TEST(Model, CommandLineRejectsBadInput) {
        "--json /proc/skvq-none/t.json: directory /proc is not writable"},
   };
   for (const auto& [args, needle] : cases) {
-    const auto [rc, text] = run(args);
+    const auto [rc, text] = run_cli(args, err);
     EXPECT_EQ(rc, 2) << args;
     EXPECT_NE(text.find(needle), std::string::npos) << args << " -> " << text;
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << text;
@@ -522,8 +515,7 @@ TEST(Model, GenerateSavesAndResumesACache) {
                          " --prompt 'Once upon a time' -n 20 --save-cache " + file + " >" + out1 + " 2>/dev/null").c_str()), 0);
   ASSERT_EQ(std::system((cli + " generate --model " + model + " --load-cache " + file + " --prompt ' The end.' -n 20 >" + out2 +
                          " 2>/dev/null").c_str()), 0);
-  std::ifstream o2(out2);
-  const std::string resumed((std::istreambuf_iterator<char>(o2)), std::istreambuf_iterator<char>());
+  const std::string resumed = read_file(out2);
   EXPECT_GT(resumed.size(), std::string(" The end.").size());
   // the same conversation in-process
   const Runner r(baby().m);
@@ -552,12 +544,10 @@ TEST(Model, GenerateSavesAndResumesACache) {
   const int refused = std::system((resume + " --cache fp16 >" + out2 + " 2>&1").c_str());
   ASSERT_TRUE(WIFEXITED(refused));
   EXPECT_EQ(WEXITSTATUS(refused), 2);
-  std::ifstream o3(out2);
-  const std::string err((std::istreambuf_iterator<char>(o3)), std::istreambuf_iterator<char>());
+  const std::string err = read_file(out2);
   EXPECT_EQ(err, "skvq generate: --cache fp16: the cache given by --load-cache " + file + " is an skvq one (a saved cache keeps its kind)\n");
   ASSERT_EQ(std::system((resume + " --cache skvq >" + out2 + " 2>/dev/null").c_str()), 0);
-  std::ifstream o4(out2);
-  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(o4)), std::istreambuf_iterator<char>()), resumed);
+  EXPECT_EQ(read_file(out2), resumed);
   for (const auto& p : {file, out1, out2}) fs::remove(p);
 }
 
@@ -569,15 +559,11 @@ TEST(Model, GenerateStopsWhereTheCacheIsFull) {
   const std::string out = tmp("full.txt"), err = tmp("full.err");
   const std::string gen = std::string(SKVQ_CLI_PATH) + " generate --model " + model + " --prompt 'Once upon a time' -n 40";
   ASSERT_EQ(std::system((gen + " --cache skvq --set max_ctx=24 >" + out + " 2>" + err).c_str()), 0);
-  const auto read = [](const std::string& f) {
-    std::ifstream in(f);
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  };
-  const std::string short_text = read(out), short_err = read(err);
+  const std::string short_text = read_file(out), short_err = read_file(err);
   // "Once upon a time" is 18 tokens with BOS: 6 generated fill the 24
   EXPECT_NE(short_err.find("stopped after 6 of 40 tokens: the cache's max_ctx of 24 tokens is full"), std::string::npos) << short_err;
   ASSERT_EQ(std::system((gen + " --cache skvq >" + out + " 2>/dev/null").c_str()), 0);
-  const std::string long_text = read(out);
+  const std::string long_text = read_file(out);
   // the same greedy tokens as far as the small cache went (character-level vocabulary: one a token)
   ASSERT_EQ(short_text.size(), std::string("Once upon a time").size() + 6 + 1);
   EXPECT_EQ(long_text.substr(0, short_text.size() - 1), short_text.substr(0, short_text.size() - 1));
@@ -595,8 +581,7 @@ TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
   const auto generate_with = [&](const std::string& model_path, const std::string& args) {
     const std::string out = tmp("gen.txt");
     EXPECT_EQ(std::system((cli + " generate --model " + model_path + " " + args + " >" + out + " 2>/dev/null").c_str()), 0) << args;
-    std::ifstream o(out);
-    std::string text((std::istreambuf_iterator<char>(o)), std::istreambuf_iterator<char>());
+    std::string text = read_file(out);
     fs::remove(out);
     return text;
   };
@@ -626,14 +611,11 @@ TEST(Model, ConvertAndInspectCommands) {
   const std::string gen = " generate --prompt 'Once upon a time' -n 40 --model ";
   ASSERT_EQ(std::system((cli + gen + model + " > " + out + ".a 2>/dev/null").c_str()), 0);
   ASSERT_EQ(std::system((cli + gen + gguf + " --save-cache " + cache + " > " + out + ".b 2>/dev/null").c_str()), 0);
-  std::ifstream a(out + ".a"), b(out + ".b");
-  const std::string ta((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
-  const std::string tb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  const std::string ta = read_file(out + ".a"), tb = read_file(out + ".b");
   EXPECT_EQ(ta, tb);
   EXPECT_NE(ta.find(", there was a little girl"), std::string::npos) << ta;
   ASSERT_EQ(std::system((cli + " inspect " + cache + " --json > " + out + " 2>/dev/null").c_str()), 0);
-  std::ifstream j(out);
-  const auto js = nlohmann::json::parse(std::string((std::istreambuf_iterator<char>(j)), std::istreambuf_iterator<char>()));
+  const auto js = nlohmann::json::parse(read_file(out));
   EXPECT_EQ(js["layers"].size(), 5u);
   EXPECT_EQ(js["layers"][0]["kind"], "plain");
   EXPECT_GT(js["layers"][0]["offset"].get<int>(), 40);

@@ -1,6 +1,5 @@
 // .npy files and the `skvq quantize` command line, run as a user would.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <filesystem>
 #include <fstream>
@@ -31,29 +30,9 @@ void write_file(const fs::path& p, const std::string& bytes) {
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
-std::string read_file(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 void write_tensor(const fs::path& p, const Tensor& t) {
   write_file(p, io::npy_bytes(t.dtype() == DType::f16 ? "<f2" : "<f4",
                               {t.shape()[0], t.shape()[1], t.shape()[2], t.shape()[3]}, t.data(), t.nbytes()));
-}
-
-struct CliRun {
-  int status = -1;
-  std::string err;
-};
-
-CliRun run_cli(const std::string& args, const fs::path& tmp) {
-  const fs::path errf = tmp / "stderr.txt";
-  const std::string cmd = std::string(SKVQ_CLI_PATH) + " " + args + " >/dev/null 2>" + errf.string();
-  const int rc = std::system(cmd.c_str());
-  CliRun r;
-  r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  r.err = read_file(errf);
-  return r;
 }
 
 TEST(Npy, RoundTripAndErrors) {
@@ -124,7 +103,7 @@ TEST(Cli, QuantizeWorkedExampleAndSplits) {
   write_tensor(d.path / "v.npy", v);
   const std::string common = "quantize --keys " + (d.path / "k.npy").string() + " --values " + (d.path / "v.npy").string() +
                              " --set window=16 --set n_sink=4 --set group_size=16";
-  CliRun r = run_cli(common + " --out " + (d.path / "one").string(), d.path);
+  CliRun r = run_cli(common + " --out " + (d.path / "one").string(), d.path / "stderr.txt");
   ASSERT_EQ(r.status, 0) << r.err;
   const auto rep = nlohmann::json::parse(read_file(d.path / "one" / "report.json"));
   EXPECT_EQ(rep["compressed_key_bytes"], 1792);
@@ -148,13 +127,13 @@ TEST(Cli, QuantizeWorkedExampleAndSplits) {
   EXPECT_EQ(std::memcmp(kout.data.data(), Tensor::copy_of(ko).data(), kout.data.size()), 0);
   for (const std::string calls : {"each", "16,1,1,17", "3,32"}) {
     const fs::path out = d.path / ("split" + std::to_string(calls.size()));
-    r = run_cli(common + " --calls " + calls + " --out " + out.string(), d.path);
+    r = run_cli(common + " --calls " + calls + " --out " + out.string(), d.path / "stderr.txt");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(read_file(out / "keys.npy"), read_file(d.path / "one" / "keys.npy")) << calls;
     EXPECT_EQ(read_file(out / "values.npy"), read_file(d.path / "one" / "values.npy")) << calls;
   }
   // packed-only mode writes the same history
-  r = run_cli(common + " --set dense_view=false --out " + (d.path / "packed").string(), d.path);
+  r = run_cli(common + " --set dense_view=false --out " + (d.path / "packed").string(), d.path / "stderr.txt");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(read_file(d.path / "packed" / "keys.npy"), read_file(d.path / "one" / "keys.npy"));
 }
@@ -186,6 +165,9 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"quantize" + kv + o + " --calls 10,,25", "--calls 10,,25: '' is not a positive token count"},
       {"quantize" + kv + o + " --set max_ctx=20", "max_ctx=20"},
       {"quantize" + kv + o + " --calls 9223372036854775807,9223372036854775807", "counts sum past the inputs' S=35"},
+      {"quantize" + kv + o + " --calls 99999999999999999999", "'99999999999999999999' is more tokens than the inputs' S=35"},
+      {"quantize" + kv + o + " --calls +35", "'+35' is not a positive token count"},
+      {"quantize" + kv + o + " --calls 10,' 25'", "' 25' is not a positive token count"},
       {"quantize --keys " + (d.path / "s0.npy").string() + " --values " + (d.path / "v.npy").string() + o,
        "shape [1, 2, 0, 64] has an empty axis"},
       {"quantize --keys " + (d.path / "junk.npy").string() + " --values " + (d.path / "v.npy").string() + o, "--keys"},
@@ -204,7 +186,7 @@ TEST(Cli, BadArgumentsExit2WithOneLineAndNoOutput) {
       {"frobnicate", "frobnicate"},
   };
   for (const auto& [args, needle] : cases) {
-    const CliRun r = run_cli(args, d.path);
+    const CliRun r = run_cli(args, d.path / "stderr.txt");
     EXPECT_EQ(r.status, 2) << args;
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << " -> " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;

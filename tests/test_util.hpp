@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <initializer_list>
 #include <numeric>
 #include <random>
@@ -31,6 +34,25 @@ inline std::filesystem::path shared_data() {
   const char* e = std::getenv("SKVQ_SHARED_DATA");
   return e && *e ? std::filesystem::path(e) : std::filesystem::path(SKVQ_SHARED_DATA);
 }
+
+// A file's bytes ("" where it cannot be opened).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+#ifdef SKVQ_CLI_PATH
+// The skvq program run with `args` through the shell, stdout discarded: its exit status (-1 when it
+// did not exit) and its stderr, caught in `err_file` (left behind).
+struct CliRun {
+  int status = -1;
+  std::string err;
+};
+inline CliRun run_cli(const std::string& args, const std::filesystem::path& err_file) {
+  const int rc = std::system((std::string(SKVQ_CLI_PATH) + " " + args + " >/dev/null 2>" + err_file.string()).c_str());
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_file(err_file)};
+}
+#endif
 
 using workload::Normal;
 

@@ -94,6 +94,22 @@ void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::st
   }
 }
 
+Config runner_cache_config(int model_head_dim, const std::vector<std::string>& sets, const std::string& flag) {
+  Config cfg;
+  cfg.head_dim = model_head_dim;
+  cfg.dense_view = false;  // (the runner's caches keep none: only an explicit dense_view=true is refused)
+  apply_sets(cfg, sets, flag);
+  const std::string where = flag + (flag.ends_with(':') ? " " : ": ");  // (as apply_sets names it)
+  if (cfg.dense_view) {
+    throw UsageError(where + "dense_view=true, but the model runner's caches keep no dense view (their attention reads the packed store)");
+  }
+  if (cfg.head_dim != model_head_dim) {
+    throw UsageError(where + "head_dim=" + std::to_string(cfg.head_dim) + ", but the model's heads have " + std::to_string(model_head_dim) +
+                     " channels (the cache takes its head dim from the model)");
+  }
+  return cfg;
+}
+
 long long peak_rss_bytes() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

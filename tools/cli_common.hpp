@@ -76,6 +76,13 @@ void check_output_file(const std::string& flag, const std::string& path, bool ma
 // and the offending text.
 void apply_sets(Config& cfg, const std::vector<std::string>& sets, const std::string& flag);
 
+// The config of a model runner's skvq cache (generate's --set, eval's
+// --config): the spec's defaults with the model's head_dim, then `sets`
+// through apply_sets. The runner takes the head dim from the model and its
+// attention reads the packed store, so a head_dim other than `model_head_dim`
+// and dense_view=true are refused, not ignored. Errors name `flag`.
+Config runner_cache_config(int model_head_dim, const std::vector<std::string>& sets, const std::string& flag);
+
 // Peak resident set size of this process in bytes.
 long long peak_rss_bytes();
 

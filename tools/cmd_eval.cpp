@@ -46,22 +46,18 @@ Named parse_config(const std::string& spec, int head_dim) {
   n.name = spec.substr(0, colon);
   n.spec = spec;
   if (n.name.empty()) throw UsageError("--config " + spec + ": needs a NAME before ':'");
-  n.cfg.head_dim = head_dim;
-  n.cfg.dense_view = false;  // (the runner's caches keep none: only an explicit dense_view=true is refused below)
+  // the settings after the colon, comma-separated ("NAME" and "NAME:" alone: the spec's defaults)
   std::vector<std::string> sets;
-  if (colon != std::string::npos) {
-    std::stringstream ss(spec.substr(colon + 1));
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      if (!item.empty()) sets.push_back(item);
+  if (colon != std::string::npos && colon + 1 < spec.size()) {
+    for (std::size_t b = colon + 1;;) {
+      const auto e = spec.find(',', b);
+      sets.push_back(spec.substr(b, e == std::string::npos ? std::string::npos : e - b));
+      if (sets.back().empty()) throw UsageError("--config " + spec + ": an empty FIELD=VALUE (two commas together, or one at an end)");
+      if (e == std::string::npos) break;
+      b = e + 1;
     }
   }
-  apply_sets(n.cfg, sets, "--config " + spec + ":");
-  if (n.cfg.dense_view) throw UsageError("--config " + spec + ": eval's caches keep no dense view (their attention reads the packed store)");
-  if (n.cfg.head_dim != head_dim) {
-    throw UsageError("--config " + spec + ": head_dim=" + std::to_string(n.cfg.head_dim) + ", but the model's heads have " +
-                     std::to_string(head_dim) + " channels (the cache takes its head dim from the model)");
-  }
+  n.cfg = runner_cache_config(head_dim, sets, "--config " + spec + ":");
   return n;
 }
 

@@ -28,6 +28,9 @@ struct GenerateArgs {
   bool cache_given = false;  // --cache on the command line (not its default)
 };
 
+// The kind of a conversation's cache as --cache names it ("skvq" or "fp16").
+std::string cache_kind(const PromptCache& c) { return c.layer(0).kind() == "skvq" ? "skvq" : "fp16"; }
+
 int sample(const float* logits, int V, double temperature, std::mt19937_64& rng) {
   if (temperature <= 0.0) return static_cast<int>(std::max_element(logits, logits + V) - logits);
   const float mx = *std::max_element(logits, logits + V);
@@ -114,8 +117,7 @@ int run_generate(const GenerateArgs& a) {
     if (ex.strings["model"] != model_signature(lm.model) || cache.size() != static_cast<std::size_t>(mc.n_layers)) {
       throw UsageError("--load-cache " + a.load_cache + ": the cache belongs to a different model (" + ex.strings["model"] + ")");
     }
-    const std::string kind = cache.layer(0).kind() == "skvq" ? "skvq" : "fp16";
-    if (a.cache_given && a.cache != kind) {
+    if (const std::string kind = cache_kind(cache); a.cache_given && a.cache != kind) {
       throw UsageError("--cache " + a.cache + ": the cache given by --load-cache " + a.load_cache + " is an " + kind +
                        " one (a saved cache keeps its kind)");
     }
@@ -124,15 +126,7 @@ int run_generate(const GenerateArgs& a) {
       throw UsageError("--load-cache " + a.load_cache + ": its token history does not match the cache");
     }
   } else {
-    Config cfg;
-    cfg.head_dim = mc.head_dim();
-    cfg.dense_view = false;  // (the runner's caches keep none: only an explicit dense_view=true is refused below)
-    apply_sets(cfg, a.sets, "--set");
-    if (cfg.dense_view) throw UsageError("--set dense_view=true: generate's cache keeps no dense view (its attention reads the packed store)");
-    if (cfg.head_dim != mc.head_dim()) {
-      throw UsageError("--set head_dim=" + std::to_string(cfg.head_dim) + ": the model's heads have " + std::to_string(mc.head_dim()) +
-                       " channels (the cache takes its head dim from the model)");
-    }
+    const Config cfg = runner_cache_config(mc.head_dim(), a.sets, "--set");
     cache = runner.make_cache(a.cache == "skvq" ? CacheKind::skvq : CacheKind::plain, cfg);
   }
   // The context the conversation may fill: the model's, or the skvq cache's max_ctx where smaller.
@@ -148,7 +142,7 @@ int run_generate(const GenerateArgs& a) {
     throw UsageError("--prompt: " + std::to_string(history.size() + prompt.size()) + " tokens exceed " + limit_what);
   }
   std::optional<DeviceLayers> gpu;
-  if (on_gpu && cache.layer(0).kind() != "skvq") {
+  if (on_gpu && cache_kind(cache) != "skvq") {
     throw UsageError("--device cuda needs an skvq cache; --load-cache " + a.load_cache + " holds an fp16 one");
   }
   if (on_gpu) {
@@ -188,7 +182,7 @@ int run_generate(const GenerateArgs& a) {
   std::fprintf(stderr,
                "[%s cache%s] KV memory: fp16-equivalent %.1f KiB, stored %.1f KiB (%.3f of fp16); peak RSS %.1f MiB; "
                "prompt %zu tokens in %.3f s; generated %d tokens in %.3f s (%.1f tok/s)\n",
-               cache.layer(0).kind() == "skvq" ? "skvq" : "fp16", on_gpu ? " on cuda" : "", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
+               cache_kind(cache).c_str(), on_gpu ? " on cuda" : "", fp16 / 1024, static_cast<double>(sb.total()) / 1024,
                fp16 > 0 ? static_cast<double>(sb.total()) / fp16 : 0.0, static_cast<double>(peak_rss_bytes()) / 1048576.0,
                prompt.size(), prompt_s, produced, gen_s, gen_s > 0 ? produced / gen_s : 0.0);
   if (produced < a.n && static_cast<std::int64_t>(history.size()) >= limit) {

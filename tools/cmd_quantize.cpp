@@ -1,6 +1,7 @@
 // skvq quantize: run the SKVQ layer cache over keys/values from .npy files
 // and write what the last update_and_fetch returned, the permutations and a
 // report of every accounting property.
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -58,9 +59,12 @@ std::vector<std::int64_t> parse_calls(const std::string& spec, std::int64_t S) {
     throw UsageError("--calls " + spec + ": '' (after the last comma) is not a positive token count");
   }
   while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1) {
+    std::int64_t v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec == std::errc::result_out_of_range) {
+      throw UsageError("--calls " + spec + ": '" + item + "' is more tokens than the inputs' S=" + std::to_string(S));
+    }
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size() || v < 1) {
       throw UsageError("--calls " + spec + ": '" + item + "' is not a positive token count");
     }
     out.push_back(v);
