@@ -6,7 +6,7 @@
 // Usage: bench_cuda [--quick] [--no-scale] [--flush (copy bandwidth and flush table only)] [--scale (the 1M-token cache only)]
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
-//        | --read-floor | --head-dims [D B T] | --chunks [S1,S2,...] (chunked prefill: S new rows after a history of T)
+//        | --read-floor | --widths (every code width, 1 to 8 bits) | --head-dims [D B T] | --chunks [S1,S2,...] (chunked prefill: S new rows after a history of T)
 //        | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -448,6 +448,60 @@ struct OneShape {
   OneShape& operator=(const OneShape&) = delete;
 };
 
+// Every code width (--widths): KbVb at groups of 128, b = 1 to 8 (3, 5, 6 and 7 through the general
+// path's float kernel, the others through the tuned ones), the flush of 32768 tokens of B=1 H=32 (search
+// on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call and per
+// layer of a graph as the tables time them, against the project's fp16 kernel on the same shape.
+void widths_table(double bw) {
+  std::printf("\n## Every code width: KbVb g128\n\n");
+  std::printf("| bits | flush ms (search on / off) | flush %% of copy (on / off) | B | Hkv | T | fp16 ms | ms one call | ms graph | "
+              "%% of copy (graph) | fp16 / graph |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const std::int64_t FT = 32768, FH = 32;
+  const std::size_t fn = static_cast<std::size_t>(FH * FT * 128);
+  __half *fk, *fv;
+  CHECK(cudaMalloc(&fk, fn * 2));
+  CHECK(cudaMalloc(&fv, fn * 2));
+  random_half(fk, fn, 21);
+  random_half(fv, fn, 22);
+  for (int bits = 1; bits <= 8; ++bits) {
+    char name[16];
+    std::snprintf(name, sizeof name, "K%dV%dg128", bits, bits);
+    const Setting s{name, bits, bits, 128};
+    double flush[2];
+    for (int i = 0; i < 2; ++i) {
+      const Config cfg = make_config(s, i == 0);
+      std::unique_ptr<cuda::DeviceCache> c;
+      flush[i] = time_ms(
+          3, [&] { c->append_device(fk, fv, FT); },
+          [&] {
+            c.reset();
+            c = std::make_unique<cuda::DeviceCache>(cfg, 1, FH, 128, FT);
+          });
+    }
+    const double fgb = 2.0 * fn * 2 / 1e9;
+    for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
+      const std::int64_t T = 32768;
+      const OneShape x(B, Hkv, T, s);
+      const cuda::DeviceCache& c = *x.cache;
+      for (int i = 0; i < 3; ++i) c.attend_device(x.q, 32, 1, 0.088f, x.out);
+      const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
+      const double one_ms = time_ms(20, [&] { c.attend_device(x.q, 32, 1, 0.088f, x.out); });
+      std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+      const double bytes = static_cast<double>(c.bytes_read_per_step());
+      const int L = stack_layers(bytes);
+      fill_layers(caches, L, make_config(s), B, Hkv, T, x.k, x.v);
+      const double g = graph_ms(L, 20, [&](int l, cudaStream_t st) { caches[l]->attend_device(x.q, 32, 1, 0.088f, x.out, 0, st); });
+      std::printf("| %d | %.3f / %.3f | %.1f%% / %.1f%% | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", bits, flush[0], flush[1],
+                  100 * fgb / (flush[0] * 1e-3) * 1e9 / bw, 100 * fgb / (flush[1] * 1e-3) * 1e9 / bw, B, Hkv, static_cast<long long>(T), fp16,
+                  one_ms, g, 100 * bytes / (g * 1e-3) / bw, fp16 / g);
+      std::printf("RESULT widths bits=%d B=%d Hkv=%d T=%lld flush_on=%.4f flush_off=%.4f fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", bits, B,
+                  Hkv, static_cast<long long>(T), flush[0], flush[1], fp16, one_ms, g, bytes);
+    }
+  }
+  CHECK(cudaFree(fk));
+  CHECK(cudaFree(fv));
+}
+
 // Moving a filled cache between host and device: --upload B Hkv T [SETTING]. Downloads it
 // (to_host) and uploads it again (DeviceCache from the host cache; the result is checked equal),
 // three times each, then forks it on the device (repeat 1) three times; wall clock, medians; GB/s
@@ -765,8 +819,8 @@ void chunks_table(const std::vector<std::int64_t>& sizes) {
 
 // One packed decode step on one shape (for a profiler; timed as one call, back to back, and per layer
 // of a graph of L layers as the tables time it): --one B Hkv T [SETTING]
-// (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in {1, 2, 4,
-// 8} and N in {32, 64, 128}: the single-shape modes take settings the tables leave out)
+// (SETTING: one of kSettings' names, K2V2g128 when left out, or any KaVbgN with a, b in 1 to 8
+// and N in {32, 64, 128}: the single-shape modes take settings the tables leave out)
 void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
   const OneShape x(B, Hkv, T, setting);
   const cuda::DeviceCache& c = *x.cache;
@@ -1030,7 +1084,7 @@ int main(int argc, char** argv) {
       for (const Setting& s : kSettings)
         if (std::strcmp(argv[5], s.name) == 0) setting = &s;
       static Setting other{};
-      const auto bits_ok = [](int b) { return b == 1 || b == 2 || b == 4 || b == 8; };
+      const auto bits_ok = [](int b) { return b >= 1 && b <= 8; };
       int kb = 0, vb = 0, group = 0, used = 0;
       if (setting == nullptr && std::sscanf(argv[5], "K%dV%dg%d%n", &kb, &vb, &group, &used) == 3 &&
           argv[5][used] == '\0' && bits_ok(kb) && bits_ok(vb) && (group == 32 || group == 64 || group == 128)) {
@@ -1040,7 +1094,7 @@ int main(int argc, char** argv) {
       if (setting == nullptr) {
         std::fprintf(stderr, "bench_cuda: unknown SETTING '%s' (one of:", argv[5]);
         for (const Setting& s : kSettings) std::fprintf(stderr, " %s", s.name);
-        std::fprintf(stderr, ", or KaVbgN: a, b in 1, 2, 4, 8; N in 32, 64, 128)\n");
+        std::fprintf(stderr, ", or KaVbgN: a, b in 1 to 8; N in 32, 64, 128)\n");
         return 2;
       }
     }
@@ -1075,6 +1129,16 @@ int main(int argc, char** argv) {
       }
     }
     chunks_table(sizes);
+    return 0;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--widths") == 0) {
+    if (!cuda::available()) {
+      std::printf("no GPU: %s\n", cuda::device_description().c_str());
+      return 0;
+    }
+    const double bw = copy_bandwidth();
+    std::printf("device: %s\ncopy bandwidth (device to device, read + write): %.0f GB/s\n", cuda::device_description().c_str(), bw / 1e9);
+    widths_table(bw);
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

@@ -105,6 +105,13 @@ std::vector<Case> cases() {
       {gpu_config(128, 3, 64, 2, 2, MetaType::fp8_e4m3), 1, 2, 500, {500}},
       // four fp32 metadata groups a row (the token-major kernel's 16-byte metadata loads)
       {gpu_config(128, 5, 32, 4, 2, MetaType::fp32), 2, 2, 450, {300, 150}},
+      // 3, 5, 6 and 7 bits (codes across 16-bit words; attention by the general kernel at its run-time
+      // width): with the search at groups of 16, 32 and 128, beside a 2-bit side, and without it
+      {gpu_config(128, 5, 32, 3, 3, MetaType::fp16), 1, 2, 400, {150, 250}},
+      {gpu_config(64, 4, 128, 5, 3, MetaType::fp8_e4m3), 2, 1, 300, {300}},
+      {gpu_config(32, 3, 16, 7, 6, MetaType::fp16), 1, 1, 150, {150}},
+      {gpu_config(128, 5, 128, 3, 2, MetaType::fp32), 1, 2, 300, {299, 1}},
+      {no_search(gpu_config(64, 2, 64, 6, 7, MetaType::fp32), 0.9f), 1, 2, 200, {1, 199}},
   };
 }
 
@@ -291,7 +298,11 @@ bool clip_proxy_choice(const std::vector<float>& x, const ClipCase& c, int bits,
   switch (bits) {
     case 1: return clip_proxy_choice_bits<1>(x, c, best, shared);
     case 2: return clip_proxy_choice_bits<2>(x, c, best, shared);
+    case 3: return clip_proxy_choice_bits<3>(x, c, best, shared);
     case 4: return clip_proxy_choice_bits<4>(x, c, best, shared);
+    case 5: return clip_proxy_choice_bits<5>(x, c, best, shared);
+    case 6: return clip_proxy_choice_bits<6>(x, c, best, shared);
+    case 7: return clip_proxy_choice_bits<7>(x, c, best, shared);
     case 8: return clip_proxy_choice_bits<8>(x, c, best, shared);
     default: ADD_FAILURE() << "no proxy at " << bits << " bits"; return false;
   }
@@ -307,7 +318,7 @@ TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {
   };
   Tally ordinary;  // normal and heterogeneous groups at fp16 metadata
   long checked = 0, wrong = 0;
-  for (int bits : {1, 2, 4, 8}) {
+  for (int bits = 1; bits <= 8; ++bits) {
     for (int g : {32, 48, 64, 128}) {
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         for (int kind = 0; kind < kKinds; ++kind) {
@@ -357,7 +368,7 @@ TEST(Cuda, CertifiedClipChoiceIsTheSpecs) {
   std::printf("certified %ld of %ld ordinary groups, %ld by the one radius\n", ordinary.certified, ordinary.groups, ordinary.shared);
 }
 
-// The folds (1, 2 and 4 bits) give each slot's distance to the nearest code,
+// The folds (1 to 4 bits) give each slot's distance to the nearest code,
 // clipped ends included: one slot's term of the estimate against the
 // distance from the exact quotient (x - lo) / scale to the nearest of 0 ..
 // levels, in long double, within a few ulps of the quotient's size.
@@ -389,6 +400,7 @@ void check_fold_distances() {
 TEST(Cuda, ClipProxyFoldsGiveTheDistanceToTheNearestCode) {
   check_fold_distances<1>();
   check_fold_distances<2>();
+  check_fold_distances<3>();
   check_fold_distances<4>();
 }
 
@@ -482,7 +494,7 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
   const float steps[] = {0.5f, 0.25f, 1.0f / 3.0f, 2.0f, 0.0f};
   std::uint32_t seed = 100;
   int n = 0;
-  for (int bits : {1, 2, 4, 8}) {
+  for (int bits = 1; bits <= 8; ++bits) {
     for (int group : {16, 32, 48, 64, 128, 200}) {  // 48: a padded last group; 200: one group past D
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         // windows of 32 rows (whole warps), 36 (a warp of 4 lanes: fewer than the factors, so no
@@ -517,7 +529,7 @@ TEST(Cuda, FlushMatchesCpuOnTiesBetweenClipFactors) {
 // (the flush finds those boundaries as fp16 thresholds at 1 and 2 bits and
 // codes by comparison; at 4 and 8 bits it rounds an approximate quotient and
 // forms the exact one where that is too close to a half-integer to be
-// certain). Groups far from zero (|lo / scale| up to ~10^5) widen the
+// certain; at 3, 5, 6 and 7 bits the exact quotient, codes across words). Groups far from zero (|lo / scale| up to ~10^5) widen the
 // certainty bound. Also groups of one value and of two.
 TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
   REQUIRE_GPU();
@@ -537,7 +549,7 @@ TEST(Cuda, FlushMatchesCpuNextToCodeBoundaries) {
   std::uniform_real_distribution<float> mag(-6.0f, 4.0f), unit(0.0f, 1.0f);
   std::uniform_int_distribution<int> nudge(-3, 3);
   int n = 0;
-  for (int bits : {1, 2, 4, 8}) {
+  for (int bits = 1; bits <= 8; ++bits) {
     for (int group : {16, 32, 128}) {
       for (MetaType meta : {MetaType::fp16, MetaType::fp32, MetaType::fp8_e4m3}) {
         const bool search = (n++ % 3) == 0;
@@ -834,6 +846,9 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
       {cfg(128, 16, 2, 128, 1, 4, MetaType::fp32), 128, 1, 1, {60}},
       {cfg(256, 64, 5, 128, 2, 2, MetaType::fp16), 256, 1, 2, {200, 100}},
       {cfg(256, 32, 1, 256, 4, 4, MetaType::fp32), 160, 1, 1, {100}},
+      // 3, 5 and 7 bits (the general kernel's run-time width)
+      {cfg(16, 16, 2, 16, 3, 5, MetaType::fp16), 16, 1, 2, {5, 95}},
+      {cfg(64, 64, 5, 32, 7, 3, MetaType::fp32), 96, 1, 2, {200}},
   };
   std::uint32_t seed = 900;
   for (const ShapeCase& c : shape_cases) {
@@ -1053,7 +1068,10 @@ TEST(Cuda, DenseFp16KernelMatchesReference) {
 
 TEST(Cuda, UnsupportedShapesAreClearErrors) {
   if (cuda::available()) {
-    EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 128, 3, 3, MetaType::fp16), 1, 1, 128, 100), Error);
+    // every code width of the spec (1 to 8 bits) is taken
+    for (int bits = 1; bits <= 8; ++bits) {
+      EXPECT_EQ(cuda::DeviceCache(gpu_config(128, 5, 128, bits, 9 - bits, MetaType::fp16), 1, 1, 128, 100).offset(), 0);
+    }
     Config c = gpu_config(128, 5, 128, 2, 2, MetaType::fp16);
     c.head_dim = 72;  // head dims: multiples of 16 in [16, 256]
     expect_error([&] { cuda::DeviceCache(c, 1, 1, 64, 100); }, {"head_dim=72", "multiple of 16"});
@@ -1061,8 +1079,7 @@ TEST(Cuda, UnsupportedShapesAreClearErrors) {
     expect_error([&] { cuda::DeviceCache(c, 1, 1, 64, 100); }, {"head_dim=272", "[16, 256]"});
     c.head_dim = 64;
     expect_error([&] { cuda::DeviceCache(c, 1, 1, 8, 100); }, {"v_head_dim=8"});
-    expect_error([&] { cuda::DeviceCache(gpu_config(128, 5, 128, 3, 2, MetaType::fp16), 1, 1, 128, 100); }, {"bits_key=3"});
-    expect_error([&] { cuda::DeviceCache(gpu_config(128, 5, 128, 2, 6, MetaType::fp16), 1, 1, 128, 100); }, {"bits_value=6"});
+    expect_error([&] { cuda::DeviceCache(gpu_config(128, 5, 128, 9, 2, MetaType::fp16), 1, 1, 128, 100); }, {"bits_key=9"});
     EXPECT_THROW(cuda::DeviceCache(gpu_config(128, 5, 24, 2, 2, MetaType::fp16), 1, 1, 128, 100), Error);
     c.group_size = 48;  // a multiple of 16: taken (the keys 48 + a ragged 16, the values 48 + 48 + 32)
     EXPECT_EQ(cuda::DeviceCache(c, 1, 1, 128, 100).offset(), 0);

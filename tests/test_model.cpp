@@ -484,8 +484,8 @@ TEST(Model, CommandLineRejectsBadInput) {
       {"generate --model " + model + " --prompt hi --temperature inf", "--temperature inf must be a finite number >= 0"},
       {"generate --model " + model + " --prompt hi --device gpu", "--device gpu must be cpu or cuda"},
       {"generate --model " + model + " --prompt hi --device cuda", "--device cuda needs --cache skvq"},
-      // no GPU: the device's description; on a GPU: 3-bit codes, which the GPU flush does not take
-      {"generate --model " + model + " --prompt hi --cache skvq --set bits_key=3 --device cuda", "--device cuda: "},
+      // no GPU: the device's description; on a GPU: groups of 8 channels, which the GPU cache does not take
+      {"generate --model " + model + " --prompt hi --cache skvq --set group_size=8 --device cuda", "--device cuda: "},
       // outputs that cannot be written are refused before the work (one line on stderr: no generation
       // summary, no evaluation table), naming the flag and the path
       {"generate --model " + model + " --prompt hi --save-cache " + err + "/sub/c.st", "--save-cache " + err + "/sub/c.st: directory"},
@@ -599,6 +599,11 @@ TEST(Model, GenerateOnTheGpuAsOnTheCpu) {
   const std::string baby_cpu = generate_with(baby_model, baby);
   EXPECT_GT(baby_cpu.size(), 100u);
   EXPECT_EQ(generate_with(baby_model, baby + " --device cuda"), baby_cpu);
+  // code widths outside the tuned kernels' (3-bit keys, 5-bit values)
+  const std::string odd = baby + " --set bits_key=3 --set bits_value=5";
+  const std::string odd_cpu = generate_with(baby_model, odd);
+  EXPECT_GT(odd_cpu.size(), 100u);
+  EXPECT_EQ(generate_with(baby_model, odd + " --device cuda"), odd_cpu);
 }
 
 TEST(Model, ConvertAndInspectCommands) {

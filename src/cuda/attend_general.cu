@@ -12,7 +12,9 @@
 // tokens at a time, every load of them issued before any is used. Eight
 // channels divide every metadata group (groups are multiples of 16 channels,
 // or the whole row), so a lane's channels share one lo and one scale, and its
-// codes are one naturally aligned load of 8 * bits bits.
+// codes are one naturally aligned load of 8 * bits bits at 1, 2, 4 and 8 bits
+// (template widths); at 3, 5, 6 and 7 bits (width 0: the side's own, read at
+// run time) `bits` bytes loaded one by one (correct, not tuned).
 //
 // Numerics as in attend.cu's float32 paths (docs/numerics.md): scores and
 // weights in float32, log2 units, ex2.approx; a packed channel is
@@ -52,6 +54,14 @@ __device__ __forceinline__ float frac(const uint4& raw, int c) {  // raw.x, raw.
   return __uint_as_float((moved & (((1u << BITS) - 1u) << kTop)) | 0x3F800000u);
 }
 
+// The same at a run-time width (1 to 8 bits): code c from the lane's 64 bits (raw.x low, raw.y high),
+// where codes may straddle the two words.
+__device__ __forceinline__ float frac_at(const uint4& raw, int c, int bits) {
+  const unsigned long long w = raw.x | (static_cast<unsigned long long>(raw.y) << 32);
+  const unsigned code = static_cast<unsigned>(w >> (c * bits)) & ((1u << bits) - 1u);
+  return __uint_as_float((code << (23 - bits)) | 0x3F800000u);
+}
+
 // A metadata value's bits as stored (META: 0 fp16, 1 fp32, 2 e4m3); meta_value (common.cuh) makes
 // them a float. (The type is a template argument: as a run-time value the compiler predicated all
 // three conversions, e4m3's included, for every value: twice the instructions a token.)
@@ -64,12 +74,16 @@ __device__ __forceinline__ unsigned load_meta_bits(const unsigned char* at) {
 
 // A packed row's channel c is lot + sct * f_c with sct = scale * 2^BITS and lot = lo - sct (the
 // form of attend.cu's float paths, which docs/numerics.md bounds).
-// raw: a lane's packed row as PackedLane::load gives it; f: its channels' f_c.
+// raw: a lane's packed row as PackedLane::load gives it; f: its channels' f_c; bits: the width
+// (BITS, or the run-time one where BITS is 0).
 template <int BITS, int META>
-__device__ __forceinline__ void packed_terms(const uint4& raw, float (&f)[kC], float& lot, float& sct) {
+__device__ __forceinline__ void packed_terms(const uint4& raw, float (&f)[kC], float& lot, float& sct, int bits) {
 #pragma unroll
-  for (int c = 0; c < kC; ++c) f[c] = frac<BITS>(raw, c);
-  sct = meta_value<META>(raw.w) * static_cast<float>(1 << BITS);
+  for (int c = 0; c < kC; ++c) {
+    if constexpr (BITS == 0) f[c] = frac_at(raw, c, bits);
+    else f[c] = frac<BITS>(raw, c);
+  }
+  sct = meta_value<META>(raw.w) * static_cast<float>(1 << (BITS == 0 ? bits : BITS));
   lot = meta_value<META>(raw.z) - sct;
 }
 
@@ -91,21 +105,23 @@ __device__ __forceinline__ uint4 load_exact_lane(const __half* row, const int* p
 // One side's packed rows as lane `lane` of (b, h) reads them: where its codes and its group's
 // metadata start in window slot 0 (row 0), and the strides of slots and rows (worked out once, so
 // that a token's addresses cost two multiply-adds). live: the lane holds channels of this side.
+// BITS 0: the side's width, read at run time (s.bits).
 template <int BITS>
 struct PackedLane {
   const unsigned char *codes, *lo, *scale;
   std::int64_t slot_codes, slot_meta;
-  int row_bytes, row_meta;
+  int row_bytes, row_meta, bits;
   bool live;
   __device__ __forceinline__ PackedLane(const AttnParams& p, const DevSide& s, int D, int group, std::int64_t bh, int lane) {
     const int j0 = lane * kC;
+    bits = BITS == 0 ? s.bits : BITS;
     live = s.codes != nullptr && j0 < D;  // (no packed rows: dense input)
     row_bytes = static_cast<int>(s.row_bytes);
     row_meta = s.G * p.meta_bytes;
     slot_codes = s.slot_codes, slot_meta = s.slot_meta;
     codes = lo = scale = nullptr;
     if (!live) return;
-    codes = s.codes + bh * p.window * s.row_bytes + j0 * BITS / 8;  // (naturally aligned)
+    codes = s.codes + bh * p.window * s.row_bytes + j0 * bits / 8;  // (naturally aligned at 1, 2, 4 and 8 bits)
     const std::int64_t m0 = (bh * p.window * s.G + j0 / group) * p.meta_bytes;
     lo = s.lo + m0, scale = s.scale + m0;
   }
@@ -116,7 +132,13 @@ struct PackedLane {
     uint4 r = make_uint4(0u, 0u, 0u, 0u);
     if (!live) return r;
     const unsigned char* c = codes + slot * slot_codes + row * row_bytes;
-    if constexpr (BITS == 8) {
+    if constexpr (BITS == 0) {
+      unsigned long long w = 0;  // `bits` bytes (kC codes of `bits` bits)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (i < bits) w |= static_cast<unsigned long long>(__ldg(c + i)) << (8 * i);
+      r.x = static_cast<unsigned>(w), r.y = static_cast<unsigned>(w >> 32);
+    } else if constexpr (BITS == 8) {
       const uint2 v = __ldg(reinterpret_cast<const uint2*>(c));
       r.x = v.x, r.y = v.y;
     } else if constexpr (BITS == 4) {
@@ -207,7 +229,7 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
       float part[NQ];
       if constexpr (PACKED) {
         float f[kC], lot, sct;
-        packed_terms<KB, META>(kr[u], f, lot, sct);
+        packed_terms<KB, META>(kr[u], f, lot, sct, kl.bits);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           float d = 0.0f;
@@ -264,7 +286,7 @@ __device__ __forceinline__ void take_tokens(const AttnParams& p, RowsState<NQ>& 
     for (int u = 0; u < U; ++u) {
       if constexpr (PACKED) {
         float f[kC], lot, sct;
-        packed_terms<VB, META>(vr[u], f, lot, sct);
+        packed_terms<VB, META>(vr[u], f, lot, sct, vl.bits);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           const float ws = pw[u][n] * sct;
@@ -400,16 +422,22 @@ void launch_general_rows(const AttnParams& p, cudaStream_t stream, int exact_bas
   }
 }
 
-// Calls f with the code widths (key, value) as integral constants (1, 2, 4 or 8 each).
+// Calls f with the code widths (key, value) as integral constants (1, 2, 4 or 8 each), or with 0
+// for both (the kernel reads each side's width at run time) where either is 3, 5, 6 or 7.
 template <typename F>
 void with_widths(int kb, int vb, F&& f) {
+  const auto tuned = [](int b) { return b == 1 || b == 2 || b == 4 || b == 8; };
+  if ((!tuned(kb) || !tuned(vb)) && kb >= 1 && kb <= 8 && vb >= 1 && vb <= 8) {
+    f(std::integral_constant<int, 0>{}, std::integral_constant<int, 0>{});
+    return;
+  }
   auto by_v = [&](auto k) {
     switch (vb) {
       case 1: f(k, std::integral_constant<int, 1>{}); break;
       case 2: f(k, std::integral_constant<int, 2>{}); break;
       case 4: f(k, std::integral_constant<int, 4>{}); break;
       case 8: f(k, std::integral_constant<int, 8>{}); break;
-      default: throw Error("skvq: cuda attend: bits_value=" + std::to_string(vb) + " (1, 2, 4 or 8)");
+      default: throw Error("skvq: cuda attend: bits_value=" + std::to_string(vb) + " (1 to 8)");
     }
   };
   switch (kb) {
@@ -417,7 +445,7 @@ void with_widths(int kb, int vb, F&& f) {
     case 2: by_v(std::integral_constant<int, 2>{}); break;
     case 4: by_v(std::integral_constant<int, 4>{}); break;
     case 8: by_v(std::integral_constant<int, 8>{}); break;
-    default: throw Error("skvq: cuda attend: bits_key=" + std::to_string(kb) + " (1, 2, 4 or 8)");
+    default: throw Error("skvq: cuda attend: bits_key=" + std::to_string(kb) + " (1 to 8)");
   }
 }
 

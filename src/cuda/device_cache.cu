@@ -227,11 +227,6 @@ DeviceCache::DeviceCache(const Config& config, std::int64_t batch, std::int64_t 
   if (config.group_size % 16 != 0 && config.group_size < std::max<std::int64_t>(config.head_dim, v_head_dim)) {
     bad("group_size=" + std::to_string(config.group_size) + " must be a multiple of 16 (or >= the head dims) on the GPU");
   }
-  for (const auto& [name, bits] : {std::pair<const char*, int>{"bits_key", config.bits_key}, {"bits_value", config.bits_value}}) {
-    if (bits != 1 && bits != 2 && bits != 4 && bits != 8) {
-      bad(std::string(name) + "=" + std::to_string(bits) + " is not supported on the GPU (1, 2, 4 or 8)");
-    }
-  }
   if (batch < 1 || num_kv_heads < 1) bad("batch and num_kv_heads must be >= 1");
   if (capacity < 1) bad("capacity=" + std::to_string(capacity) + " must be >= 1");
   if (config.max_ctx && capacity > *config.max_ctx) capacity = *config.max_ctx;

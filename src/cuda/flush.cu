@@ -156,7 +156,7 @@ __device__ __forceinline__ __half2 u32_as_half2(unsigned u) {
 // bits without the search (K4V4 g128: 6% faster); at 2 bits, and with the
 // search, they measured 1-5% slower (probably their 2- and 4-byte accesses:
 // two threads a bank). Decided alike by quant_kernel and its launch.
-__host__ __device__ constexpr bool flush_in_units(int bits, int n_factors) { return bits >= 4 && n_factors == 1; }
+__host__ __device__ constexpr bool flush_in_units(int bits, int n_factors) { return (bits == 4 || bits == 8) && n_factors == 1; }
 
 // A group's slots as stored in shared memory (fp16, exact), read two at a time.
 struct GroupSlots {
@@ -409,16 +409,36 @@ __device__ __forceinline__ void pack_codes(const __half* xs, int n, float lo, fl
     if constexpr (kDivide) return static_cast<unsigned>(code_by_division(x, lo, scale, levels));
     return __float_as_uint(code_plus_round<kClamp>(x, lo, scale, inv, levels));
   };
-  for (int w = 0; w < n / kPer; ++w) {
-    unsigned acc = 0;
+  if constexpr (16 % BITS != 0) {
+    // 3, 5, 6 and 7 bits: 16 slots make BITS words, codes crossing words; each code taken from
+    // its bits (the constant's bits above it masked off) into a 64-bit window, a word written as
+    // soon as its 16 bits are in (every shift a constant: the loop is unrolled)
+    constexpr unsigned kMask = (1u << BITS) - 1u;
+    for (int v = 0; v < n / 16; ++v) {
+      unsigned long long acc = 0;
+      int have = 0, w = 0;
 #pragma unroll
-    for (int e = 0; e < kPer; e += 2) {
-      const float2 v = __half22float2(x2[(w * kPer + e) / 2]);
-      acc += bits_of(v.x) << (e * BITS);
-      acc += bits_of(v.y) << ((e + 1) * BITS);
+      for (int e = 0; e < 16; e += 2) {
+        const float2 x = __half22float2(x2[(v * 16 + e) / 2]);
+        acc |= static_cast<unsigned long long>(bits_of(x.x) & kMask) << have;
+        acc |= static_cast<unsigned long long>(bits_of(x.y) & kMask) << (have + BITS);
+        have += 2 * BITS;
+        for (; have >= 16; have -= 16, acc >>= 16) out16[v * BITS + w++] = static_cast<unsigned short>(acc);
+      }
+      code_barrier();
     }
-    out16[w] = static_cast<unsigned short>(acc);
-    code_barrier();
+  } else {
+    for (int w = 0; w < n / kPer; ++w) {
+      unsigned acc = 0;
+#pragma unroll
+      for (int e = 0; e < kPer; e += 2) {
+        const float2 v = __half22float2(x2[(w * kPer + e) / 2]);
+        acc += bits_of(v.x) << (e * BITS);
+        acc += bits_of(v.y) << ((e + 1) * BITS);
+      }
+      out16[w] = static_cast<unsigned short>(acc);
+      code_barrier();
+    }
   }
 }
 
@@ -973,8 +993,8 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
                               code_quotient(gmin, best_lo, best_scale, best_inv) >= -0.5f &&
                               code_quotient(gmax, best_lo, best_scale, best_inv) < levels + 0.5f;
         if (__all_sync(__activemask(), in_range)) {
-          if (BITS >= 4 && !f.quotients_only) pack_codes_certified<BITS >= 4 ? BITS : 4>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16,
-                                                                                         L.units);
+          if ((BITS == 4 || BITS == 8) && !f.quotients_only) pack_codes_certified<BITS == 8 ? 8 : 4>(xs.xs, j1 - j0, best_lo, best_scale,
+                                                                                                     best_inv, out16, L.units);
           else pack_codes<BITS, false, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
         }
         else if (finite) pack_codes<BITS, false>(xs.xs, j1 - j0, best_lo, best_scale, best_inv, out16);
@@ -1105,7 +1125,11 @@ void run_flush(const FlushParams& flush, DevSide& side, cudaStream_t stream) {
     switch (side.bits) {
       case 1: choose ? by_src(na, std::integral_constant<int, 1>{}, Yes{}) : by_src(na, std::integral_constant<int, 1>{}, No{}); break;
       case 2: choose ? by_src(na, std::integral_constant<int, 2>{}, Yes{}) : by_src(na, std::integral_constant<int, 2>{}, No{}); break;
+      case 3: by_src(na, std::integral_constant<int, 3>{}, No{}); break;
       case 4: by_src(na, std::integral_constant<int, 4>{}, No{}); break;
+      case 5: by_src(na, std::integral_constant<int, 5>{}, No{}); break;
+      case 6: by_src(na, std::integral_constant<int, 6>{}, No{}); break;
+      case 7: by_src(na, std::integral_constant<int, 7>{}, No{}); break;
       case 8: by_src(na, std::integral_constant<int, 8>{}, No{}); break;
       default: throw Error("skvq: the GPU flush has no kernel for " + std::to_string(side.bits) + "-bit codes");
     }
