@@ -67,7 +67,7 @@ constexpr float kU = 0x1p-24f;         // unit roundoff of float32
 // scale) as the flush forms them (after the metadata rounding), levels L =
 // 2^BITS - 1.
 //
-// At 1, 2 and 4 bits (kFold) a slot's distance to the nearest code comes from
+// At 1 to 4 bits (kFold) a slot's distance to the nearest code comes from
 // the quotient centred on the codes, a = RN(x * inv - cm) with cm = RN(c0 +
 // L / 2) (the codes then lie at +-0.5, +-1.5, .. +-L / 2), folded BITS times:
 // the codes are symmetric about 0, so |a| keeps the distance; the positive
@@ -75,7 +75,7 @@ constexpr float kU = 0x1p-24f;         // unit roundoff of float32
 // the last code, 0.5, whose distance is the last fold's |v - 0.5|. A clipped
 // end needs no clamp (past the last code the folds give the distance to it),
 // and a slot costs BITS + 2 operations a factor (2 bits: 4, against 5 for
-// rint by the 1.5 * 2^23 addition plus 2 for a clamp). At 8 bits the 8 folds
+// rint by the 1.5 * 2^23 addition plus 2 for a clamp). From 5 bits the folds
 // would cost more than rint and the clamp: there the distance is a - rint(a)
 // of the uncentred quotient, the clamp left out where in_range allows.
 template <int NA, int BITS>

@@ -918,14 +918,14 @@ __global__ void __launch_bounds__(kThreadsTarget, NA == 1 ? 8 : 6) quant_kernel(
       finite = isfinite(gmin) && isfinite(gmax);  // false with a NaN slot (gmax is NaN then)
       if constexpr (NA > 1) {
         if (finite && !f.exact_search) {
-          // every factor's error estimated (BITS + 2 float operations a slot and factor at 1, 2 and 4
-          // bits, 5 or 7 at 8), the choice certified (cuda/clip_proxy.hpp)
+          // every factor's error estimated (BITS + 2 float operations a slot and factor at 1 to 4
+          // bits, 5 or 7 from 5), the choice certified (cuda/clip_proxy.hpp)
           using Proxy = clip::ClipProxy<NA, BITS>;
           Proxy px(F.lo, F.inv);
           // (the pairs unrolled 4 times, or at 4 and 8 bits, where a pair's work is 40% larger,
           // twice: K4V4 g128 6% faster, session 27; twice at 2 bits was 1% slower)
           constexpr int kUnroll = BITS >= 4 ? 2 : 4;
-          // at 1, 2 and 4 bits the folds need no clamp; at 8 bits it is left out where no quotient
+          // at 1 to 4 bits the folds need no clamp; from 5 bits it is left out where no quotient
           // reaches past the codes' half-integers
           if (Proxy::kFold || __all_sync(__activemask(), px.in_range(gmin, gmax))) {
             xs.template pairs<kUnroll>([&](float x0, float x1) { px.template add2<false>(x0, x1); },
