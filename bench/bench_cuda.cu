@@ -238,37 +238,6 @@ Config make_config(const Setting& s, bool search = true) {
   return c;
 }
 
-void flush_table(double bw, bool quick) {
-  const std::int64_t T = quick ? 16384 : 131072, H = 32;
-  const std::size_t n = static_cast<std::size_t>(H * T * 128);
-  __half *k, *v;
-  CHECK(cudaMalloc(&k, n * 2));
-  CHECK(cudaMalloc(&v, n * 2));
-  random_half(k, n, 11);
-  random_half(v, n, 12);
-  std::printf("\n## Flush throughput: B=1, H=32, D=128, %lld tokens appended in one call (%lld windows)\n\n",
-              static_cast<long long>(T), static_cast<long long>(T / 128));
-  std::printf("| setting | search | ms | GB/s of fp16 input | %% of copy bw |\n|---|---|---|---|---|\n");
-  for (const Setting& s : kSettings) {
-    for (bool search : {true, false}) {
-      const Config cfg = make_config(s, search);
-      // the flush alone: each call appends to a fresh cache allocated before its events
-      std::unique_ptr<cuda::DeviceCache> c;
-      const double ms = time_ms(
-          3, [&] { c->append_device(k, v, T); },
-          [&] {
-            c.reset();
-            c = std::make_unique<cuda::DeviceCache>(cfg, 1, H, 128, T);
-          });
-      const double gbs = 2.0 * n * 2 / (ms * 1e-3) / 1e9;
-      std::printf("| %s | %s | %.3f | %.1f | %.1f%% |\n", s.name, search ? "on" : "off", ms, gbs, 100 * gbs * 1e9 / bw);
-      std::printf("RESULT flush setting=%s search=%d ms=%.4f gbs=%.2f\n", s.name, search, ms, gbs);
-    }
-  }
-  CHECK(cudaFree(k));
-  CHECK(cudaFree(v));
-}
-
 // The fp16 keys and values of a decode table's shape: layer 0's random, the graph's other layers
 // copies of them (their own memory: cold L2), freed with the holder.
 struct Fp16Layers {
@@ -291,6 +260,36 @@ struct Fp16Layers {
   Fp16Layers(const Fp16Layers&) = delete;
   Fp16Layers& operator=(const Fp16Layers&) = delete;
 };
+
+// The flush alone, ms (time_ms: median of 3): T tokens of B=1, H heads appended in one call to a
+// fresh cache allocated before the events.
+double flush_ms(const Config& cfg, const __half* k, const __half* v, std::int64_t H, std::int64_t T) {
+  std::unique_ptr<cuda::DeviceCache> c;
+  return time_ms(
+      3, [&] { c->append_device(k, v, T); },
+      [&] {
+        c.reset();
+        c = std::make_unique<cuda::DeviceCache>(cfg, 1, H, 128, T);
+      });
+}
+
+void flush_table(double bw, bool quick) {
+  const std::int64_t T = quick ? 16384 : 131072, H = 32;
+  const std::size_t n = static_cast<std::size_t>(H * T * 128);
+  const Fp16Layers in(n, 1, 11, 12);
+  std::printf("\n## Flush throughput: B=1, H=32, D=128, %lld tokens appended in one call (%lld windows)\n\n",
+              static_cast<long long>(T), static_cast<long long>(T / 128));
+  std::printf("| setting | search | ms | GB/s of fp16 input | %% of copy bw |\n|---|---|---|---|---|\n");
+  for (const Setting& s : kSettings) {
+    for (bool search : {true, false}) {
+      const double ms = flush_ms(make_config(s, search), in.ks[0], in.vs[0], H, T);
+      const double gbs = 2.0 * n * 2 / (ms * 1e-3) / 1e9;
+      std::printf("| %s | %s | %.3f | %.1f | %.1f%% |\n", s.name, search ? "on" : "off", ms, gbs, 100 * gbs * 1e9 / bw);
+      std::printf("RESULT flush setting=%s search=%d ms=%.4f gbs=%.2f\n", s.name, search, ms, gbs);
+    }
+  }
+}
+
 
 void decode_table(double bw, bool quick) {
   std::printf("\n## Decode attention, one step: Hq=32, D=128, fp16 history, q fp32\n\n");
@@ -458,26 +457,13 @@ void widths_table(double bw) {
               "%% of copy (graph) | fp16 / graph |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   const std::int64_t FT = 32768, FH = 32;
   const std::size_t fn = static_cast<std::size_t>(FH * FT * 128);
-  __half *fk, *fv;
-  CHECK(cudaMalloc(&fk, fn * 2));
-  CHECK(cudaMalloc(&fv, fn * 2));
-  random_half(fk, fn, 21);
-  random_half(fv, fn, 22);
+  const Fp16Layers in(fn, 1, 21, 22);
   for (int bits = 1; bits <= 8; ++bits) {
     char name[16];
     std::snprintf(name, sizeof name, "K%dV%dg128", bits, bits);
     const Setting s{name, bits, bits, 128};
-    double flush[2];
-    for (int i = 0; i < 2; ++i) {
-      const Config cfg = make_config(s, i == 0);
-      std::unique_ptr<cuda::DeviceCache> c;
-      flush[i] = time_ms(
-          3, [&] { c->append_device(fk, fv, FT); },
-          [&] {
-            c.reset();
-            c = std::make_unique<cuda::DeviceCache>(cfg, 1, FH, 128, FT);
-          });
-    }
+    const double flush[2] = {flush_ms(make_config(s, true), in.ks[0], in.vs[0], FH, FT),
+                             flush_ms(make_config(s, false), in.ks[0], in.vs[0], FH, FT)};
     const double fgb = 2.0 * fn * 2 / 1e9;
     for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
       const std::int64_t T = 32768;
@@ -498,8 +484,6 @@ void widths_table(double bw) {
                   Hkv, static_cast<long long>(T), flush[0], flush[1], fp16, one_ms, g, bytes);
     }
   }
-  CHECK(cudaFree(fk));
-  CHECK(cudaFree(fv));
 }
 
 // Moving a filled cache between host and device: --upload B Hkv T [SETTING]. Downloads it
