@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "cli_common.hpp"
 #include "commands.hpp"

@@ -35,15 +35,15 @@ struct DeviceCacheImpl;
 
 // One layer's cache in device memory. Supported: head dims D and Dv each a
 // multiple of 16 in [16, 256], every code width of the spec (1 to 8 bits a
-// side), group_size a multiple of 16 (or >= both head dims), every metadata mode; the
-// constructor refuses anything else with an error naming the field. Keys and
+// side), group_size a multiple of 16 (or >= both head dims), every metadata
+// mode; the constructor refuses anything else with an error naming the field. Keys and
 // values are fp16. The tuned attention kernels take D = Dv = 128 with bits
 // (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4); other shapes go through a
 // general-shape path: a tensor-core kernel at head dims 32, 64, 96, 256 (and
 // 128) with 2- or 4-bit codes and groups of 32, 64 or 128 that divide the row,
 // or of 96 at head dim 96 (faster than fp16 attention there), a float kernel
-// elsewhere, 3, 5, 6 and 7-bit codes among them (correct everywhere, not tuned: docs/performance.md, "Other head
-// dims").
+// elsewhere, 3-, 5-, 6- and 7-bit codes among them (correct everywhere, not
+// tuned: docs/performance.md, "Other head dims" and "Every code width").
 //
 // Devices: a cache lives on the CUDA device that was current when it was
 // made (a fork: on its source's device) and every call runs there, whatever
