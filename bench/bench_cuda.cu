@@ -290,7 +290,6 @@ void flush_table(double bw, bool quick) {
   }
 }
 
-
 void decode_table(double bw, bool quick) {
   std::printf("\n## Decode attention, one step: Hq=32, D=128, fp16 history, q fp32\n\n");
   std::printf("one call: a single call between two events (the host's enqueue included, L2 as the last call left it);\n"
@@ -447,10 +446,29 @@ struct OneShape {
   OneShape& operator=(const OneShape&) = delete;
 };
 
+// A packed decode step of x timed as the tables time it: one call between two events (the device
+// waits for the host to enqueue), and per layer of a graph of `layers` layers (caches of their own:
+// cold L2), after three warm-up calls.
+struct StepTimes {
+  double one_ms, graph_ms;
+  int layers;
+};
+StepTimes step_times(const OneShape& x, int B, int Hkv, std::int64_t T, const Setting& setting) {
+  const cuda::DeviceCache& c = *x.cache;
+  for (int i = 0; i < 3; ++i) c.attend_device(x.q, 32, 1, 0.088f, x.out);
+  StepTimes r{};
+  r.one_ms = time_ms(20, [&] { c.attend_device(x.q, 32, 1, 0.088f, x.out); });
+  std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
+  r.layers = stack_layers(static_cast<double>(c.bytes_read_per_step()));
+  fill_layers(caches, r.layers, make_config(setting), B, Hkv, T, x.k, x.v);
+  r.graph_ms = graph_ms(r.layers, 20, [&](int l, cudaStream_t st) { caches[l]->attend_device(x.q, 32, 1, 0.088f, x.out, 0, st); });
+  return r;
+}
+
 // Every code width (--widths): KbVb at groups of 128, b = 1 to 8 (3, 5, 6 and 7 through the general
-// path's float kernel, the others through the tuned ones), the flush of 32768 tokens of B=1 H=32 (search
-// on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call and per
-// layer of a graph as the tables time them, against the project's fp16 kernel on the same shape.
+// path's float kernel, the others through the tuned ones), the flush of 32768 tokens of B=1 H=32
+// (search on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call and
+// per layer of a graph as the tables time them, against the project's fp16 kernel on the same shape.
 void widths_table(double bw) {
   std::printf("\n## Every code width: KbVb g128\n\n");
   std::printf("| bits | flush ms (search on / off) | flush %% of copy (on / off) | B | Hkv | T | fp16 ms | ms one call | ms graph | "
@@ -458,30 +476,24 @@ void widths_table(double bw) {
   const std::int64_t FT = 32768, FH = 32;
   const std::size_t fn = static_cast<std::size_t>(FH * FT * 128);
   const Fp16Layers in(fn, 1, 21, 22);
+  const double fgb = 2.0 * fn * 2 / 1e9;  // the flush's fp16 input, keys and values
   for (int bits = 1; bits <= 8; ++bits) {
     char name[16];
     std::snprintf(name, sizeof name, "K%dV%dg128", bits, bits);
     const Setting s{name, bits, bits, 128};
     const double flush[2] = {flush_ms(make_config(s, true), in.ks[0], in.vs[0], FH, FT),
                              flush_ms(make_config(s, false), in.ks[0], in.vs[0], FH, FT)};
-    const double fgb = 2.0 * fn * 2 / 1e9;
     for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
       const std::int64_t T = 32768;
       const OneShape x(B, Hkv, T, s);
-      const cuda::DeviceCache& c = *x.cache;
-      for (int i = 0; i < 3; ++i) c.attend_device(x.q, 32, 1, 0.088f, x.out);
       const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
-      const double one_ms = time_ms(20, [&] { c.attend_device(x.q, 32, 1, 0.088f, x.out); });
-      std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
-      const double bytes = static_cast<double>(c.bytes_read_per_step());
-      const int L = stack_layers(bytes);
-      fill_layers(caches, L, make_config(s), B, Hkv, T, x.k, x.v);
-      const double g = graph_ms(L, 20, [&](int l, cudaStream_t st) { caches[l]->attend_device(x.q, 32, 1, 0.088f, x.out, 0, st); });
+      const StepTimes st = step_times(x, B, Hkv, T, s);
+      const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
       std::printf("| %d | %.3f / %.3f | %.1f%% / %.1f%% | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", bits, flush[0], flush[1],
                   100 * fgb / (flush[0] * 1e-3) * 1e9 / bw, 100 * fgb / (flush[1] * 1e-3) * 1e9 / bw, B, Hkv, static_cast<long long>(T), fp16,
-                  one_ms, g, 100 * bytes / (g * 1e-3) / bw, fp16 / g);
+                  st.one_ms, st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
       std::printf("RESULT widths bits=%d B=%d Hkv=%d T=%lld flush_on=%.4f flush_off=%.4f fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", bits, B,
-                  Hkv, static_cast<long long>(T), flush[0], flush[1], fp16, one_ms, g, bytes);
+                  Hkv, static_cast<long long>(T), flush[0], flush[1], fp16, st.one_ms, st.graph_ms, bytes);
     }
   }
 }
@@ -810,24 +822,18 @@ void one(int B, int Hkv, std::int64_t T, const Setting& setting) {
   const cuda::DeviceCache& c = *x.cache;
   const float* q = x.q;
   float* out = x.out;
-  for (int i = 0; i < 3; ++i) c.attend_device(q, 32, 1, 0.088f, out);
   cuda::attend_dense_fp16(q, x.k, x.v, out, B, 32, Hkv, 1, T, 128, 128, 0.088f);
   CHECK(cudaDeviceSynchronize());
-  // One call between two events (as the tables time it: the device waits for
-  // the host to enqueue) and 20 calls back to back (host work overlapped).
-  const double one_ms = time_ms(20, [&] { c.attend_device(q, 32, 1, 0.088f, out); });
+  // One call and per layer of a graph as the tables time them, and 20 calls back to back (host work
+  // overlapped).
+  const StepTimes st = step_times(x, B, Hkv, T, setting);
   const double many_ms = time_ms(5, [&] {
                            for (int i = 0; i < 20; ++i) c.attend_device(q, 32, 1, 0.088f, out);
                          }) / 20;
   std::printf("%s B=%d Hkv=%d T=%lld: one call %.4f ms, back to back %.4f ms a call\n", setting.name, B, Hkv,
-              static_cast<long long>(T), one_ms, many_ms);
-  {  // and per layer of an L-layer graph, as the tables' graph column (caches of their own: cold L2)
-    std::vector<std::unique_ptr<cuda::DeviceCache>> caches;
-    const int L = stack_layers(static_cast<double>(c.bytes_read_per_step()));
-    fill_layers(caches, L, make_config(setting), B, Hkv, T, x.k, x.v);
-    const double g = graph_ms(L, 20, [&](int l, cudaStream_t s) { caches[l]->attend_device(q, 32, 1, 0.088f, out, 0, s); });
-    std::printf("%s B=%d Hkv=%d T=%lld: graph %.4f ms a layer (%d layers)\n", setting.name, B, Hkv, static_cast<long long>(T), g, L);
-  }
+              static_cast<long long>(T), st.one_ms, many_ms);
+  std::printf("%s B=%d Hkv=%d T=%lld: graph %.4f ms a layer (%d layers)\n", setting.name, B, Hkv, static_cast<long long>(T), st.graph_ms,
+              st.layers);
   // Host time to enqueue a call, and of its parts' kinds, 200 each (the device runs behind).
   const auto host_us = [](const std::function<void()>& fn) {
     CHECK(cudaDeviceSynchronize());
