@@ -17,6 +17,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #ifdef SKVQ_TEST_CUDA_RUNTIME
@@ -27,10 +28,12 @@
 #include "cuda/fast_div.hpp"
 #include "cuda/split_rule.hpp"
 #include "cuda/selfcheck.hpp"
+#include "cuda/tc_codes.hpp"
 #include "model/model.hpp"
 #include "model/runner.hpp"
 #include "ref/attention.hpp"
 #include "ref/meta.hpp"
+#include "ref/pack.hpp"
 #include "skvq/cache_file.hpp"
 #include "skvq/cuda.hpp"
 #include "test_util.hpp"
@@ -423,6 +426,108 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
   std::vector<float> k(64, 0.75f);
   const ClipCase z = clip_case(k, 4, MetaType::fp16);
   EXPECT_FALSE(clip_proxy_choice(k, z, 4, best));
+}
+
+// The general tensor-core kernel's code unpacking (cuda/tc_codes.hpp) on the host, from rows packed
+// as the store packs them (ref::pack_codes), at widths 1 to 7 (the kernel runs 2 and 4 bits on the
+// device: tc_widths_ok). Keys: for every width and every warp's share of a row (32 to 128
+// channels), each lane's B registers of each k-step must hold fp16 1 + c / 2^KB of the channels
+// key_channel gives its q slots (b0's halves slots 0 and 1, b1's 2 and 3), and the four lanes of a
+// quad must take each of a k-step's 16 channels once. Values: for every width and group whose lane
+// chunks are whole bytes, lane g's register of n-tile i must hold bf16 1 + c / 2^VB of channel
+// g GS / 8 + i of the group, the first token's in its low half and the second's in its high half.
+// Random codes and the extremes (all 0, all 2^b - 1). Needs no GPU.
+namespace tcc = cuda::tc;
+
+std::vector<std::uint8_t> tc_codes_for(std::mt19937& rng, int n, int bits, int trial) {
+  const int top = (1 << bits) - 1;
+  std::uniform_int_distribution<int> code(0, top);
+  std::vector<std::uint8_t> c(static_cast<std::size_t>(n));
+  for (auto& x : c) x = static_cast<std::uint8_t>(trial == 0 ? 0 : trial == 1 ? top : code(rng));
+  return c;
+}
+
+template <int BYTES>
+tcc::Raw<BYTES> tc_raw(const std::vector<std::uint8_t>& packed, int first) {
+  tcc::Raw<BYTES> r{};  // as Raw::load: little-endian words, zero above a trailing part word's bytes
+  for (int e = 0; e < BYTES; ++e) r.w[e / 4] |= static_cast<unsigned>(packed[static_cast<std::size_t>(first + e)]) << (8 * (e % 4));
+  return r;
+}
+
+template <int KB, int DW>
+void check_tc_keys(std::mt19937& rng) {
+  constexpr int kBytes = DW * KB / 8, KS = DW / 16;
+  for (int t = 0; t < 4; ++t) {
+    for (int j = 0; j < 4; ++j) {
+      const int c = tcc::key_channel<KB>(t, j);
+      ASSERT_TRUE(c >= 0 && c < 16) << "KB " << KB << " t " << t << " j " << j << ": channel " << c;
+    }
+  }
+  for (int c = 0; c < 16; ++c) {
+    int takers = 0;
+    for (int t = 0; t < 4; ++t) {
+      for (int j = 0; j < 4; ++j) takers += tcc::key_channel<KB>(t, j) == c;
+    }
+    EXPECT_EQ(takers, 1) << "KB " << KB << ": channel " << c << " of a k-step";
+  }
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::vector<std::uint8_t> codes = tc_codes_for(rng, DW, KB, trial);
+    std::vector<std::uint8_t> packed(static_cast<std::size_t>(ref::packed_bytes(DW, KB)), 0);
+    ref::pack_codes(codes.data(), DW, KB, packed.data());
+    const tcc::Raw<kBytes> raw = tc_raw<kBytes>(packed, 0);
+    for (int t = 0; t < 4; ++t) {
+      int next = 0;
+      tcc::key_steps<KB, KS>(raw.w, tcc::KeyLane<KB>(t), 0x3C003C00u, [&](int ks, unsigned b0, unsigned b1) {
+        EXPECT_EQ(ks, next++);
+        const unsigned half[4] = {b0 & 0xFFFFu, b0 >> 16, b1 & 0xFFFFu, b1 >> 16};
+        for (int j = 0; j < 4; ++j) {
+          const int c = 16 * ks + tcc::key_channel<KB>(t, j);
+          EXPECT_EQ(half[j], 0x3C00u | (static_cast<unsigned>(codes[static_cast<std::size_t>(c)]) << (10 - KB)))
+              << "KB " << KB << " channels " << DW << " trial " << trial << " lane " << t << " k-step " << ks << " slot " << j;
+        }
+      });
+      EXPECT_EQ(next, KS) << "KB " << KB << " channels " << DW;
+    }
+  }
+}
+
+template <int VB, int GS>
+void check_tc_values(std::mt19937& rng) {
+  if constexpr (tcc::tc_chunk_ok(GS, VB)) {
+    constexpr int kCV = GS * VB / 64, kNTG = GS / 8;
+    for (int trial = 0; trial < 6; ++trial) {
+      const std::vector<std::uint8_t> c0 = tc_codes_for(rng, GS, VB, trial), c1 = tc_codes_for(rng, GS, VB, trial < 2 ? 1 - trial : trial);
+      std::vector<std::uint8_t> p0(static_cast<std::size_t>(ref::packed_bytes(GS, VB)), 0), p1 = p0;
+      ref::pack_codes(c0.data(), GS, VB, p0.data());
+      ref::pack_codes(c1.data(), GS, VB, p1.data());
+      for (int g = 0; g < 8; ++g) {
+        const tcc::ValuePair<VB, kCV> vp(tc_raw<kCV>(p0, g * kCV), tc_raw<kCV>(p1, g * kCV));
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
+          for (int i = 0; i < kNTG; ++i) {
+            const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
+            EXPECT_EQ(reg[i] & 0xFFFFu, 0x3F80u | (static_cast<unsigned>(c0[c]) << (7 - VB)))
+                << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (first token)";
+            EXPECT_EQ(reg[i] >> 16, 0x3F80u | (static_cast<unsigned>(c1[c]) << (7 - VB)))
+                << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (second token)";
+          }
+        }(std::make_integer_sequence<int, kNTG>{});
+      }
+    }
+  }
+}
+
+template <int B>
+void check_tc_width(std::mt19937& rng) {
+  check_tc_keys<B, 32>(rng), check_tc_keys<B, 64>(rng), check_tc_keys<B, 96>(rng), check_tc_keys<B, 128>(rng);
+  check_tc_values<B, 32>(rng), check_tc_values<B, 64>(rng), check_tc_values<B, 96>(rng), check_tc_values<B, 128>(rng);
+}
+
+TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
+  std::mt19937 rng(61);
+  check_tc_width<1>(rng), check_tc_width<2>(rng), check_tc_width<3>(rng), check_tc_width<4>(rng);
+  check_tc_width<5>(rng), check_tc_width<6>(rng), check_tc_width<7>(rng);
+  EXPECT_FALSE(tcc::tc_chunk_ok(32, 3));  // a lane's chunk of 12 bits
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA

@@ -18,9 +18,9 @@
 // units) is scaled by a power of two so that max |q| of the row is below 1, then split into
 // h = RN16(q) and RN16(q - h), which carry it to about 2^-22 of itself (docs/numerics.md), and the
 // two rows' sums are added. B is the keys' codes as fp16 f = 1 + c / 2^KB (the code moved into the
-// mantissa: exact), so a token's score is sum over its metadata groups of
-// sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A k-step's 16 channels lie in one
-// group; which 4 of them a lane holds is free (q is placed to match).
+// mantissa: exact; the unpacking is in tc_codes.hpp, shared with a host test), so a token's score is sum over its
+// metadata groups of sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A k-step's 16
+// channels lie in one group; which 4 of them a lane holds is free (q is placed to match).
 // Values: one mma.sync m16n8k16 (bf16 in, fp32 sums) a value metadata group, 16 tokens and 8
 // channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
 // g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the
@@ -36,64 +36,19 @@
 #include "cuda/device_state.cuh"
 #include "cuda/kernels.cuh"
 #include "cuda/partials.cuh"
+#include "cuda/tc_codes.hpp"
 
 namespace skvq::cuda {
 
 namespace {
+
+using namespace tc;  // the code unpacking (Raw, key_frag, RowShifted, ValuePair, ...)
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kTok = 16;    // tokens a warp's tile
 constexpr int kRows = 8;    // query rows a launch (A rows 0-7, their low parts 8-15)
 constexpr int kMinTileSplit = 4 * kWarps * kTok;  // a split holds at least 4 tiles a warp
-
-// BYTES bytes from p (aligned to the largest power of two, up to 16, that divides BYTES) as words;
-// a trailing part word holds the last 1-3 bytes in its low bits (zero above them).
-template <int BYTES>
-struct Raw {
-  static constexpr int kWords = (BYTES + 3) / 4;
-  unsigned w[kWords];
-  __device__ __forceinline__ void load(const unsigned char* p) {
-    if constexpr (BYTES % 16 == 0) {
-#pragma unroll
-      for (int i = 0; i < BYTES / 16; ++i) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
-        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-      }
-    } else if constexpr (BYTES % 8 == 0) {
-#pragma unroll
-      for (int i = 0; i < BYTES / 8; ++i) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
-        w[2 * i] = v.x, w[2 * i + 1] = v.y;
-      }
-    } else if constexpr (BYTES % 4 == 0) {
-#pragma unroll
-      for (int i = 0; i < BYTES / 4; ++i) w[i] = __ldg(reinterpret_cast<const unsigned*>(p) + i);
-    } else if constexpr (BYTES % 2 == 0) {
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) w[i] = 0u;
-#pragma unroll
-      for (int i = 0; i < BYTES / 2; ++i) w[i / 2] |= static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i % 2));
-    } else {  // odd: a byte at a time
-#pragma unroll
-      for (int i = 0; i < kWords; ++i) w[i] = 0u;
-#pragma unroll
-      for (int i = 0; i < BYTES; ++i) {
-        w[i / 4] |= static_cast<unsigned>(__ldg(p + i)) << (8 * (i % 4));
-      }
-    }
-  }
-  // byte e
-  __device__ __forceinline__ unsigned byte(int e) const { return (w[e / 4] >> (8 * (e % 4))) & 0xFFu; }
-};
-
-
-// x shifted left by s (right by -s), s a compile-time constant
-template <int S>
-__device__ __forceinline__ unsigned shift(unsigned x) {
-  if constexpr (S >= 0) return x << S;
-  else return x >> (-S);
-}
 
 // The two bf16 parts of (x0, x1): hi = RN(x), lo = RN(x - hi) (the subtraction exact), as the A
 // registers' pairs (x0 in the low half).
@@ -113,55 +68,6 @@ __device__ __forceinline__ unsigned opaque() {
   asm volatile("mov.b32 %0, %1;" : "=r"(r) : "n"(C));
   return r;
 }
-
-// Key k-step ks of a row (codes LSB first, channel c at bit c KB): lane t's B registers
-// b0 = channels (2t, 2t + 8), b1 = (2t + 1, 2t + 9) of the k-step's 16, as fp16 1 + c / 2^KB
-// (one: fp16 1.0 twice, opaque). A's registers carry q at the same channels: a0 (k 2t, 2t + 1) =
-// channels 2t, 2t + 8 and a2 (k 2t + 8, 2t + 9) = channels 2t + 1, 2t + 9 (key_channel).
-// 2-bit: a word a k-step, the codes 2t, 8 + 2t at bits 4t, 16 + 4t; a rotation right by r0 = 4t + 24
-// (r1 = 4t + 26 for 2t + 1, 9 + 2t) puts them at bits 8 and 24 at once. 4-bit: two words a k-step,
-// byte t of each moved to bytes 0 and 2 (sel), then shifted.
-template <int KB, int WORDS>
-__device__ __forceinline__ void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one,
-                                         unsigned& b0, unsigned& b1) {
-  if constexpr (KB == 2) {
-    b0 = (__funnelshift_r(w[ks], w[ks], r0) & 0x03000300u) | one;
-    b1 = (__funnelshift_r(w[ks], w[ks], r1) & 0x03000300u) | one;
-  } else {
-    static_assert(KB == 4, "2- or 4-bit keys");
-    const unsigned x = __byte_perm(w[2 * ks], w[2 * ks + 1], sel);
-    b0 = ((x << 6) & 0x03C003C0u) | one;
-    b1 = ((x << 2) & 0x03C003C0u) | one;
-  }
-}
-// The channel (of the k-step's 16) that lane t's q slot j holds: j = 0, 1: a0's low and high
-// halves; j = 2, 3: a2's.
-__device__ __forceinline__ int key_channel(int t, int j) {
-  return 2 * t + (j == 1 ? 8 : j == 2 ? 1 : j == 3 ? 9 : 0);
-}
-
-// Value n-tile i of a metadata group: lane g's column is channel g * (GS / 8) + i of the group,
-// its chunk of the group (GS / 8 codes, bits [g GS / 8 VB, ..)). From the chunks of two tokens
-// (c0: the low half of the register, c1: the high), the bf16 pair 1 + c / 2^VB.
-template <int VB, int CVB>
-struct ValuePair {
-  static constexpr int kHalves = (CVB + 1) / 2;
-  unsigned x[kHalves];  // halfword h of both chunks: c0's in the low half, c1's in the high
-  __device__ __forceinline__ ValuePair(const Raw<CVB>& c0, const Raw<CVB>& c1) {
-    if constexpr (CVB == 1) {
-      x[0] = c0.w[0] | (c1.w[0] << 16);
-    } else {
-#pragma unroll
-      for (int h = 0; h < kHalves; ++h) x[h] = __byte_perm(c0.w[h / 2], c1.w[h / 2], h % 2 == 0 ? 0x5410u : 0x7632u);
-    }
-  }
-  template <int I>
-  __device__ __forceinline__ unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
-    constexpr int bit = I * VB, h = bit / 16, pos = bit % 16;
-    constexpr unsigned kMask = ((1u << VB) - 1u) << (7 - VB);
-    return (shift<(7 - VB) - pos>(x[h]) & (kMask | (kMask << 16))) | one;
-  }
-};
 
 // Past head dim 128 a tile is shared by two warps (a team), each taking half of every row's
 // channels: its scores' partial sums are exchanged through shared memory, both keep the same
@@ -193,7 +99,7 @@ struct TileLayout {
   static constexpr int kMT = kH;
   static constexpr int kMW = (kH == 1 ? 2 : 1) * kNG * kMb;
   static_assert(D % (GS * kH) == 0 && GS % 16 == 0, "whole groups of whole k-steps");
-  static_assert(GS * VB >= 64, "a lane's value chunk at least a byte");
+  static_assert(GS * VB >= 64 && GS * VB % 64 == 0, "a lane's value chunk whole bytes");
 };
 
 // Where a lane's loads of every tile start within a window slot (row 0 of its (b, h)), as byte
@@ -317,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int c = half * L::kDW + 16 * ks + key_channel(t, j);
+      const int c = half * L::kDW + 16 * ks + key_channel<KB>(t, j);
       qv[ks][j] = valid ? qrow[kperm ? kperm[c] : c] * qsc : 0.0f;
       amax = fmaxf(amax, fabsf(qv[ks][j]));
       qg[ks * 16 / GS] += qv[ks][j];
@@ -346,8 +252,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       qa[ks][2 * pr + 1] = *reinterpret_cast<const unsigned*>(&lo);
     }
   }
-  const unsigned ksel = KB == 4 ? (t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12)) : 0u;
-  const int kr0 = (4 * t + 24) & 31, kr1 = (4 * t + 26) & 31;
+  const KeyLane<KB> klane(t);
   const unsigned kone = opaque<0x3C003C00u>(), vone = opaque<0x3F803F80u>();
   // row g sees token T when T < lim (causal); none when the row is past the launch's
   const std::int64_t lim = valid ? p.kv_len - (p.Sq - 1 - qi) : 0;
@@ -375,12 +280,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       float acc[NG][4];
 #pragma unroll
       for (int gr = 0; gr < NG; ++gr) acc[gr][0] = acc[gr][1] = acc[gr][2] = acc[gr][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks) {
-        unsigned b0, b1;
-        key_frag<KB>(raw.k[n].w, ks, ksel, kr0, kr1, kone, b0, b1);
-        mma_f16(acc[ks * 16 / GS], qa[ks], b0, b1);
-      }
+      key_steps<KB, KS>(raw.k[n].w, klane, kone, [&](int ks, unsigned b0, unsigned b1) { mma_f16(acc[ks * 16 / GS], qa[ks], b0, b1); });
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float sc;
@@ -573,6 +473,7 @@ bool with_tc_shape(int D, int GS, F&& f) {
   if (D == 256 && GS == 128) return f(integral_constant<int, 256>{}, integral_constant<int, 128>{}), true;
   return false;
 }
+
 template <typename F>
 bool with_tc_widths(int kb, int vb, F&& f) {
   using std::integral_constant;
@@ -580,7 +481,7 @@ bool with_tc_widths(int kb, int vb, F&& f) {
   if (kb == 2 && vb == 4) return f(integral_constant<int, 2>{}, integral_constant<int, 4>{}), true;
   if (kb == 4 && vb == 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{}), true;
   if (kb == 4 && vb == 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{}), true;
-  return false;
+  return false;  // (tc_widths_ok: the widths above)
 }
 
 // f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true).
@@ -589,7 +490,7 @@ void with_tc_kernel(const AttnParams& p, F&& f) {
   const bool ok = with_tc_shape(p.D, p.group, [&](auto d, auto gs) {
     constexpr int kGS = decltype(gs)::value;
     with_tc_widths(p.k.bits, p.v.bits, [&](auto k, auto v) {
-      if constexpr (kGS * decltype(v)::value >= 64) {
+      if constexpr (tc_chunk_ok(kGS, decltype(v)::value)) {
         if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
         else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
         else f(d, k, v, std::integral_constant<int, 2>{}, gs);
@@ -605,9 +506,7 @@ bool tc_shape_ok(const AttnParams& p) {
   static const bool off = env_switch("SKVQ_CUDA_GENERAL") == "float";
   if (off || p.q_end <= 0 || p.window % kTok != 0) return false;
   if (p.D != p.Dv || p.group != p.group_v) return false;
-  if (p.k.bits != 2 && p.k.bits != 4) return false;
-  if (p.v.bits != 2 && p.v.bits != 4) return false;
-  if (p.group * p.v.bits < 64) return false;
+  if (!tc_widths_ok(p.k.bits, p.v.bits) || !tc_chunk_ok(p.group, p.v.bits)) return false;
   return with_tc_shape(p.D, p.group, [](auto, auto) {});
 }
 

@@ -1,0 +1,223 @@
+// The code unpacking of the general path's tensor-core kernel (attend_tc.cu): packed key and value
+// codes into the fp16 / bf16 mantissas of its mma.sync B registers, at every code width it takes.
+// Host and device share this code, so a host test (tests/test_cuda.cpp,
+// CudaTcCodes.*) checks every width, lane and k-step against the packed codes without a GPU.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define SKVQ_HD __host__ __device__ __forceinline__
+#define SKVQ_UNROLL _Pragma("unroll")
+#else
+#define SKVQ_HD inline
+#define SKVQ_UNROLL
+#endif
+
+namespace skvq::cuda::tc {
+
+// __funnelshift_r: the low 32 bits of (hi:lo) >> (s & 31).
+SKVQ_HD unsigned funnel_r(unsigned lo, unsigned hi, int s) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, s);
+#else
+  return static_cast<unsigned>(((static_cast<std::uint64_t>(hi) << 32) | lo) >> (s & 31));
+#endif
+}
+// __byte_perm: byte i of the result is byte (s >> 4 i) & 7 of (y:x).
+SKVQ_HD unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, s);
+#else
+  const std::uint64_t v = (static_cast<std::uint64_t>(y) << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<unsigned>((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
+// The code widths the kernel takes on the device: 2 and 4 bits each side. The unpacking below also
+// handles 1, 3, 5, 6 and 7 bits (both sides the same width: codes across bytes, RowShifted and
+// ValuePair's split codes), and the host test checks it at every width; those widths go to the float
+// kernel until the tensor-core kernel has run them against the CPU cache on a GPU (issue 5's notes).
+// 8-bit values would not fit a bf16's mantissa.
+constexpr bool tc_widths_ok(int kb, int vb) { return (kb == 2 || kb == 4) && (vb == 2 || vb == 4); }
+// A lane's value chunk of a group (GS / 8 codes) is whole bytes, at least one.
+constexpr bool tc_chunk_ok(int gs, int vb) { return gs * vb >= 64 && gs * vb % 64 == 0; }
+
+// BYTES bytes as words (loaded on the device from p, aligned to the largest power of two, up to 16,
+// that divides BYTES); a trailing part word holds the last 1-3 bytes in its low bits (zero above).
+template <int BYTES>
+struct Raw {
+  static constexpr int kWords = (BYTES + 3) / 4;
+  unsigned w[kWords];
+#if defined(__CUDACC__)
+  __device__ __forceinline__ void load(const unsigned char* p) {
+    if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 16; ++i) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+        w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+      }
+    } else if constexpr (BYTES % 8 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 8; ++i) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+        w[2 * i] = v.x, w[2 * i + 1] = v.y;
+      }
+    } else if constexpr (BYTES % 4 == 0) {
+#pragma unroll
+      for (int i = 0; i < BYTES / 4; ++i) w[i] = __ldg(reinterpret_cast<const unsigned*>(p) + i);
+    } else if constexpr (BYTES % 2 == 0) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+      for (int i = 0; i < BYTES / 2; ++i) w[i / 2] |= static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(p) + i)) << (16 * (i % 2));
+    } else {  // odd: a byte at a time
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = 0u;
+#pragma unroll
+      for (int i = 0; i < BYTES; ++i) {
+        w[i / 4] |= static_cast<unsigned>(__ldg(p + i)) << (8 * (i % 4));
+      }
+    }
+  }
+#endif
+  // byte e
+  SKVQ_HD unsigned byte(int e) const { return (w[e / 4] >> (8 * (e % 4))) & 0xFFu; }
+};
+
+// x shifted left by s (right by -s), s a compile-time constant
+template <int S>
+SKVQ_HD unsigned shift(unsigned x) {
+  if constexpr (S >= 0) return x << S;
+  else return x >> (-S);
+}
+
+// Key k-step ks of a row (codes LSB first, channel c at bit c KB): lane t's B registers
+// b0 = channels (2t, 2t + 8), b1 = (2t + 1, 2t + 9) of the k-step's 16, as fp16 1 + c / 2^KB
+// (one: fp16 1.0 twice, opaque). A's registers carry q at the same channels: a0 (k 2t, 2t + 1) =
+// channels 2t, 2t + 8 and a2 (k 2t + 8, 2t + 9) = channels 2t + 1, 2t + 9 (key_channel).
+// 2-bit: a word a k-step, the codes 2t, 8 + 2t at bits 4t, 16 + 4t; a rotation right by r0 = 4t + 24
+// (r1 = 4t + 26 for 2t + 1, 9 + 2t) puts them at bits 8 and 24 at once. 4-bit: two words a k-step,
+// byte t of each moved to bytes 0 and 2 (sel), then shifted.
+template <int KB, int WORDS>
+SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one,
+                                         unsigned& b0, unsigned& b1) {
+  if constexpr (KB == 2) {
+    b0 = (funnel_r(w[ks], w[ks], r0) & 0x03000300u) | one;
+    b1 = (funnel_r(w[ks], w[ks], r1) & 0x03000300u) | one;
+  } else {
+    static_assert(KB == 4, "2- or 4-bit keys");
+    const unsigned x = byte_perm(w[2 * ks], w[2 * ks + 1], sel);
+    b0 = ((x << 6) & 0x03C003C0u) | one;
+    b1 = ((x << 2) & 0x03C003C0u) | one;
+  }
+}
+
+// Key widths whose codes cross bytes (3, 5, 6 and 7 bits, session 60): lane t holds channels t,
+// t + 4, t + 8 and t + 12 of each k-step (q slots j = 0-3: key_channel), so that after the row is
+// shifted right by KB t bits once a tile (RowShifted: one funnel shift a word) every code a lane
+// takes sits at a compile-time bit of the shifted row: channel 16 ks + t + 4 j at KB (16 ks + 4 j).
+template <int KB, int WORDS>
+struct RowShifted {
+  unsigned w[WORDS];
+  SKVQ_HD RowShifted(const unsigned (&raw)[WORDS], int s) {
+    SKVQ_UNROLL
+    for (int i = 0; i + 1 < WORDS; ++i) w[i] = funnel_r(raw[i], raw[i + 1], s);
+    w[WORDS - 1] = raw[WORDS - 1] >> s;
+  }
+  // the code at bit P of the shifted row moved to bit DST (the bits around it anything; P and DST
+  // compile-time constants once the caller's loops unroll). A code that crosses a word has P % 32
+  // past 32 - KB, above any DST the fp16 pair takes (at most 26 - KB): one funnel shift right.
+  SKVQ_HD unsigned at(int P, int DST) const {
+    const int i = P / 32, o = P % 32;
+    if (o + KB <= 32) return DST >= o ? w[i] << (DST - o) : w[i] >> (o - DST);
+    return funnel_r(w[i], w[i + 1], o - DST);
+  }
+};
+template <int KB, int WORDS>
+SKVQ_HD void key_frag_any(const RowShifted<KB, WORDS>& r, int ks, unsigned one, unsigned& b0, unsigned& b1) {
+  constexpr unsigned kLo = ((1u << KB) - 1u) << (10 - KB), kHi = kLo << 16;
+  const int p0 = KB * 16 * ks;
+  b0 = (r.at(p0, 10 - KB) & kLo) | ((r.at(p0 + 4 * KB, 26 - KB) & kHi) | one);
+  b1 = (r.at(p0 + 8 * KB, 10 - KB) & kLo) | ((r.at(p0 + 12 * KB, 26 - KB) & kHi) | one);
+}
+constexpr bool key_bytes_whole(int kb) { return kb == 2 || kb == 4; }
+
+// A lane's constants for the key unpacking (t = lane % 4): key_frag's byte selector (4 bits) and
+// rotations (2 bits), RowShifted's shift (the other widths).
+template <int KB>
+struct KeyLane {
+  unsigned sel;
+  int r0, r1, shift;
+  SKVQ_HD explicit KeyLane(int t)
+      : sel(KB == 4 ? static_cast<unsigned>(t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12)) : 0u),
+        r0((4 * t + 24) & 31),
+        r1((4 * t + 26) & 31),
+        shift(KB * t) {}
+};
+
+// The B registers of the KS k-steps of a warp's part of a key row (w: its words, as Raw loads
+// them): f(ks, b0, b1) for ks = 0, 1, ..., KS - 1.
+template <int KB, int KS, int WORDS, typename F>
+SKVQ_HD void key_steps(const unsigned (&w)[WORDS], const KeyLane<KB>& kl, unsigned one, F&& f) {
+  if constexpr (key_bytes_whole(KB)) {
+    SKVQ_UNROLL
+    for (int ks = 0; ks < KS; ++ks) {
+      unsigned b0, b1;
+      key_frag<KB>(w, ks, kl.sel, kl.r0, kl.r1, one, b0, b1);
+      f(ks, b0, b1);
+    }
+  } else {
+    const RowShifted<KB, WORDS> row(w, kl.shift);
+    SKVQ_UNROLL
+    for (int ks = 0; ks < KS; ++ks) {
+      unsigned b0, b1;
+      key_frag_any(row, ks, one, b0, b1);
+      f(ks, b0, b1);
+    }
+  }
+}
+
+// The channel (of the k-step's 16) that lane t's q slot j holds: j = 0, 1: a0's low and high
+// halves; j = 2, 3: a2's.
+template <int KB>
+SKVQ_HD int key_channel(int t, int j) {
+  if constexpr (!key_bytes_whole(KB)) return t + 4 * j;
+  return 2 * t + (j == 1 ? 8 : j == 2 ? 1 : j == 3 ? 9 : 0);
+}
+
+// Value n-tile i of a metadata group: lane g's column is channel g * (GS / 8) + i of the group,
+// its chunk of the group (GS / 8 codes, bits [g GS / 8 VB, ..)). From the chunks of two tokens
+// (c0: the low half of the register, c1: the high), the bf16 pair 1 + c / 2^VB.
+template <int VB, int CVB>
+struct ValuePair {
+  static constexpr int kHalves = (CVB + 1) / 2;
+  unsigned x[kHalves];  // halfword h of both chunks: c0's in the low half, c1's in the high
+  SKVQ_HD ValuePair(const Raw<CVB>& c0, const Raw<CVB>& c1) {
+    if constexpr (CVB == 1) {
+      x[0] = c0.w[0] | (c1.w[0] << 16);
+    } else {
+      SKVQ_UNROLL
+      for (int h = 0; h < kHalves; ++h) x[h] = byte_perm(c0.w[h / 2], c1.w[h / 2], h % 2 == 0 ? 0x5410u : 0x7632u);
+    }
+  }
+  template <int I>
+  SKVQ_HD unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
+    constexpr int bit = I * VB, h = bit / 16, pos = bit % 16;
+    constexpr unsigned kMask = ((1u << VB) - 1u) << (7 - VB);
+    if constexpr (pos + VB <= 16) {
+      return (shift<(7 - VB) - pos>(x[h]) & (kMask | (kMask << 16))) | one;
+    } else {  // (3, 5, 6 or 7 bits) a code across two halfwords: its low bits from x[h], the rest from x[h + 1]
+      constexpr int nlo = 16 - pos;  // bits in x[h]
+      constexpr unsigned kLo = ((1u << nlo) - 1u) << (7 - VB), kHi = kMask & ~kLo;
+      return (shift<(7 - VB) - pos>(x[h]) & (kLo | (kLo << 16))) | ((shift<(7 - VB) + nlo>(x[h + 1]) & (kHi | (kHi << 16))) | one);
+    }
+  }
+};
+
+}  // namespace skvq::cuda::tc
+
+#undef SKVQ_HD
+#undef SKVQ_UNROLL
