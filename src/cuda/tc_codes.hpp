@@ -1,7 +1,7 @@
 // The code unpacking of the general path's tensor-core kernel (attend_tc.cu): packed key and value
-// codes into the fp16 / bf16 mantissas of its mma.sync B registers, at every code width it takes.
-// Host and device share this code, so a host test (tests/test_cuda.cpp,
-// CudaTcCodes.*) checks every width, lane and k-step against the packed codes without a GPU.
+// codes of 1 to 7 bits into the fp16 / bf16 mantissas of its mma.sync B registers. Host and device
+// share this code, so a host test (tests/test_cuda.cpp, CudaTcCodes.*) checks every width, lane and
+// k-step against the packed codes without a GPU.
 #pragma once
 
 #include <cstdint>
