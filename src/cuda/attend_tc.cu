@@ -18,9 +18,9 @@
 // units) is scaled by a power of two so that max |q| of the row is below 1, then split into
 // h = RN16(q) and RN16(q - h), which carry it to about 2^-22 of itself (docs/numerics.md), and the
 // two rows' sums are added. B is the keys' codes as fp16 f = 1 + c / 2^KB (the code moved into the
-// mantissa: exact; the unpacking is in tc_codes.hpp, shared with a host test), so a token's score is sum over its
-// metadata groups of sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A k-step's 16
-// channels lie in one group; which 4 of them a lane holds is free (q is placed to match).
+// mantissa: exact; the unpacking is in tc_codes.hpp, shared with a host test), so a token's score
+// is sum over its metadata groups of sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A
+// k-step's 16 channels lie in one group; which 4 of them a lane holds is free (q is placed to match).
 // Values: one mma.sync m16n8k16 (bf16 in, fp32 sums) a value metadata group, 16 tokens and 8
 // channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
 // g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the

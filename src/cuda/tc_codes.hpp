@@ -102,8 +102,8 @@ SKVQ_HD unsigned shift(unsigned x) {
 // (r1 = 4t + 26 for 2t + 1, 9 + 2t) puts them at bits 8 and 24 at once. 4-bit: two words a k-step,
 // byte t of each moved to bytes 0 and 2 (sel), then shifted.
 template <int KB, int WORDS>
-SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one,
-                                         unsigned& b0, unsigned& b1) {
+SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one, unsigned& b0,
+                      unsigned& b1) {
   if constexpr (KB == 2) {
     b0 = (funnel_r(w[ks], w[ks], r0) & 0x03000300u) | one;
     b1 = (funnel_r(w[ks], w[ks], r1) & 0x03000300u) | one;
@@ -115,10 +115,11 @@ SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, 
   }
 }
 
-// Key widths whose codes cross bytes (3, 5, 6 and 7 bits, session 60): lane t holds channels t,
-// t + 4, t + 8 and t + 12 of each k-step (q slots j = 0-3: key_channel), so that after the row is
-// shifted right by KB t bits once a tile (RowShifted: one funnel shift a word) every code a lane
-// takes sits at a compile-time bit of the shifted row: channel 16 ks + t + 4 j at KB (16 ks + 4 j).
+// Key widths other than 2 and 4 bits (1, 3, 5, 6 and 7, session 60; at all but 1 bit codes cross
+// bytes): lane t holds channels t, t + 4, t + 8 and t + 12 of each k-step (q slots j = 0-3:
+// key_channel), so that after the row is shifted right by KB t bits once a tile (RowShifted: one
+// funnel shift a word) every code a lane takes sits at a compile-time bit of the shifted row:
+// channel 16 ks + t + 4 j at KB (16 ks + 4 j).
 template <int KB, int WORDS>
 struct RowShifted {
   unsigned w[WORDS];
