@@ -466,9 +466,9 @@ StepTimes step_times(const OneShape& x, int B, int Hkv, std::int64_t T, const Se
 }
 
 // Every code width (--widths): KbVb at groups of 128, b = 1 to 8 (3, 5, 6 and 7 through the general
-// path's float kernel, the others through the tuned ones), the flush of 32768 tokens of B=1 H=32
-// (search on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call and
-// per layer of a graph as the tables time them, against the project's fp16 kernel on the same shape.
+// path's tensor-core kernel, the others through the tuned ones), the flush of 32768 tokens of B=1
+// H=32 (search on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call
+// and per layer of a graph as the tables time them, against the project's fp16 kernel on the same shape.
 void widths_table(double bw) {
   std::printf("\n## Every code width: KbVb g128\n\n");
   std::printf("| bits | flush ms (search on / off) | flush %% of copy (on / off) | B | Hkv | T | fp16 ms | ms one call | ms graph | "

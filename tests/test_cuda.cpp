@@ -429,14 +429,14 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
 }
 
 // The general tensor-core kernel's code unpacking (cuda/tc_codes.hpp) on the host, from rows packed
-// as the store packs them (ref::pack_codes), at widths 1 to 7 (the kernel runs 2 and 4 bits on the
-// device: tc_widths_ok). Keys: for every width and every warp's share of a row (32 to 128
-// channels), each lane's B registers of each k-step must hold fp16 1 + c / 2^KB of the channels
-// key_channel gives its q slots (b0's halves slots 0 and 1, b1's 2 and 3), and the four lanes of a
-// quad must take each of a k-step's 16 channels once. Values: for every width and group whose lane
-// chunks are whole bytes, lane g's register of n-tile i must hold bf16 1 + c / 2^VB of channel
-// g GS / 8 + i of the group, the first token's in its low half and the second's in its high half.
-// Random codes and the extremes (all 0, all 2^b - 1). Needs no GPU.
+// as the store packs them (ref::pack_codes), at every width the kernel takes (tc_widths_ok). Keys:
+// for every width and every warp's share of a row (32 to 128 channels), each lane's B registers of
+// each k-step must hold fp16 1 + c / 2^KB of the channels key_channel gives its q slots (b0's
+// halves slots 0 and 1, b1's 2 and 3), and the four lanes of a quad must take each of a k-step's 16
+// channels once. Values: for every width and group whose lane chunks are whole bytes, lane g's
+// register of n-tile i must hold bf16 1 + c / 2^VB of channel g GS / 8 + i of the group, the first
+// token's in its low half and the second's in its high half. Random codes and the extremes (all 0,
+// all 2^b - 1). Needs no GPU.
 namespace tcc = cuda::tc;
 
 std::vector<std::uint8_t> tc_codes_for(std::mt19937& rng, int n, int bits, int trial) {
@@ -519,6 +519,7 @@ void check_tc_values(std::mt19937& rng) {
 
 template <int B>
 void check_tc_width(std::mt19937& rng) {
+  static_assert(tcc::tc_widths_ok(B, B), "a width the kernel takes");
   check_tc_keys<B, 32>(rng), check_tc_keys<B, 64>(rng), check_tc_keys<B, 96>(rng), check_tc_keys<B, 128>(rng);
   check_tc_values<B, 32>(rng), check_tc_values<B, 64>(rng), check_tc_values<B, 96>(rng), check_tc_values<B, 128>(rng);
 }
@@ -527,6 +528,8 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
   std::mt19937 rng(61);
   check_tc_width<1>(rng), check_tc_width<2>(rng), check_tc_width<3>(rng), check_tc_width<4>(rng);
   check_tc_width<5>(rng), check_tc_width<6>(rng), check_tc_width<7>(rng);
+  EXPECT_FALSE(tcc::tc_widths_ok(8, 8));  // 8-bit values would not fit a bf16's mantissa
+  EXPECT_FALSE(tcc::tc_widths_ok(3, 2));  // mixed pairs other than 2 and 4: the float kernel
   EXPECT_FALSE(tcc::tc_chunk_ok(32, 3));  // a lane's chunk of 12 bits
 }
 
@@ -987,13 +990,14 @@ TEST(Cuda, OtherHeadDimsMatchTheCpuCache) {
 // The general path's tensor-core kernel (attend_tc.cu) takes the packed body at head dims 32, 64, 96,
 // 128 and 256 (keys and values alike, 128 only for widths outside the tuned kernels' six; at 256 two
 // warps share each tile, half the channels each, and exchange their scores' partial sums) with 2-
-// and 4-bit codes and metadata groups of 32, 64 or 128 that divide the row (or 96 at head dim 96,
-// where a wider group is cut to the row); the float kernel takes the sinks and the tail as splits of
-// their own. Each case: every metadata mode among them, reorder on and off, sinks and none, one
-// group a row and several, a group wider than the row (padded to it); 1 to 12 query rows a KV head
-// (12: two launches of 8 rows), decode and prefill rows (causal limits inside a tile), the split
-// count chosen and forced (1, 3 and 17 splits: splits of one tile a warp, empty warps), after
-// appends that end inside and at the end of a window. scripts/gpu.sh runs it also under
+// and 4-bit codes, or 1, 3, 5, 6 or 7 bits both sides (codes across bytes, session 60), and metadata
+// groups of 32, 64 or 128 that divide the row (or 96 at head dim 96, where a wider group is cut to
+// the row); the float kernel takes the sinks and the tail as splits of their own. Each case: every
+// metadata mode among them, reorder on and off, sinks and none, one group a row and several, a
+// group wider than the row (padded to it); 1 to 12 query rows a KV head (12: two launches of 8
+// rows), decode and prefill rows (causal limits inside a tile), the split count chosen and forced
+// (1, 3 and 17 splits: splits of one tile a warp, empty warps), after appends that end inside and at
+// the end of a window. scripts/gpu.sh runs it also under
 // SKVQ_CUDA_GENERAL=float, where the float kernel takes every token.
 TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
   REQUIRE_GPU();
@@ -1017,6 +1021,17 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {256, 32, 0, 128, 4, 2, MetaType::fp8_e4m3, true},
       {256, 48, 3, 64, 2, 4, MetaType::fp32, false},
       {256, 16, 2, 128, 4, 4, MetaType::fp16, true},
+      // codes across bytes (session 60), both sides the same width: value chunks of 3 to 14 bytes
+      {128, 128, 5, 128, 3, 3, MetaType::fp16, true},
+      {128, 64, 2, 64, 5, 5, MetaType::fp8_e4m3, true},
+      {128, 32, 0, 128, 7, 7, MetaType::fp32, false},
+      {128, 64, 5, 32, 6, 6, MetaType::fp16, true},
+      {64, 64, 5, 64, 3, 3, MetaType::fp16, true},
+      {32, 16, 3, 32, 6, 6, MetaType::fp8_e4m3, true},
+      {96, 48, 5, 128, 6, 6, MetaType::fp16, true},  // one group of 96 (9-byte value chunks)
+      {256, 32, 5, 64, 7, 7, MetaType::fp16, true},
+      {256, 16, 2, 128, 5, 5, MetaType::fp32, true},
+      {64, 32, 5, 64, 1, 1, MetaType::fp16, true},  // 1-bit codes (the tuned kernels take them at 128 only)
   };
   std::uint32_t seed = 4300;
   for (const Case& c : cases) {

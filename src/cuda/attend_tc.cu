@@ -1,8 +1,8 @@
 // The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
 // kernels of attend.cu do not take (32, 64, 96, 256 (session 44); 128 with code widths outside
-// their six), where attend_general.cu's float kernel does 4 multiply-adds a channel and query row
-// and repeats each token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16
-// kernel's speed).
+// their six; since session 60 also 1, 3, 5, 6 and 7 bits, both sides the same width), where
+// attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
+// token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
 //
 // A block (4 warps) owns one (batch, kv head, split of the packed body) and up to 8 query rows;
 // each warp takes tiles of 16 tokens of the split in turn (up to head dim 64 the next tile's loads
@@ -18,9 +18,10 @@
 // units) is scaled by a power of two so that max |q| of the row is below 1, then split into
 // h = RN16(q) and RN16(q - h), which carry it to about 2^-22 of itself (docs/numerics.md), and the
 // two rows' sums are added. B is the keys' codes as fp16 f = 1 + c / 2^KB (the code moved into the
-// mantissa: exact; the unpacking is in tc_codes.hpp, shared with a host test), so a token's score
-// is sum over its metadata groups of sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A
-// k-step's 16 channels lie in one group; which 4 of them a lane holds is free (q is placed to match).
+// mantissa: exact; at widths whose codes cross bytes, from a row shifted once a tile: RowShifted;
+// the unpacking is in tc_codes.hpp, shared with a host test), so a token's score is sum over its
+// metadata groups of sct * sum(q f) + lot * sum(q) (attend.cu's affine form). A k-step's 16
+// channels lie in one group; which 4 of them a lane holds is free (q is placed to match).
 // Values: one mma.sync m16n8k16 (bf16 in, fp32 sums) a value metadata group, 16 tokens and 8
 // channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
 // g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the
@@ -477,11 +478,24 @@ bool with_tc_shape(int D, int GS, F&& f) {
 template <typename F>
 bool with_tc_widths(int kb, int vb, F&& f) {
   using std::integral_constant;
-  if (kb == 2 && vb == 2) return f(integral_constant<int, 2>{}, integral_constant<int, 2>{}), true;
-  if (kb == 2 && vb == 4) return f(integral_constant<int, 2>{}, integral_constant<int, 4>{}), true;
-  if (kb == 4 && vb == 2) return f(integral_constant<int, 4>{}, integral_constant<int, 2>{}), true;
-  if (kb == 4 && vb == 4) return f(integral_constant<int, 4>{}, integral_constant<int, 4>{}), true;
-  return false;  // (tc_widths_ok: the widths above)
+  if (!tc_widths_ok(kb, vb)) return false;
+  auto both = [&](auto k) {
+    switch (vb) {
+      case 2: f(k, integral_constant<int, 2>{}); break;
+      case 4: f(k, integral_constant<int, 4>{}); break;
+      default: f(k, k); break;  // (kb == vb: 1, 3, 5, 6 or 7)
+    }
+  };
+  switch (kb) {
+    case 2: both(integral_constant<int, 2>{}); break;
+    case 4: both(integral_constant<int, 4>{}); break;
+    case 1: f(integral_constant<int, 1>{}, integral_constant<int, 1>{}); break;
+    case 3: f(integral_constant<int, 3>{}, integral_constant<int, 3>{}); break;
+    case 5: f(integral_constant<int, 5>{}, integral_constant<int, 5>{}); break;
+    case 6: f(integral_constant<int, 6>{}, integral_constant<int, 6>{}); break;
+    default: f(integral_constant<int, 7>{}, integral_constant<int, 7>{}); break;
+  }
+  return true;
 }
 
 // f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true).

@@ -36,12 +36,13 @@ SKVQ_HD unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
 #endif
 }
 
-// The code widths the kernel takes on the device: 2 and 4 bits each side. The unpacking below also
-// handles 1, 3, 5, 6 and 7 bits (both sides the same width: codes across bytes, RowShifted and
-// ValuePair's split codes), and the host test checks it at every width; those widths go to the float
-// kernel until the tensor-core kernel has run them against the CPU cache on a GPU (issue 5's notes).
-// 8-bit values would not fit a bf16's mantissa.
-constexpr bool tc_widths_ok(int kb, int vb) { return (kb == 2 || kb == 4) && (vb == 2 || vb == 4); }
+// The code widths the kernel takes: 2 and 4 bits each side, and 1, 3, 5, 6 or 7 bits both sides
+// (session 60; the other pairs go to the float kernel, which keeps the number of kernels down; 8-bit
+// values would not fit a bf16's mantissa).
+constexpr bool tc_widths_ok(int kb, int vb) {
+  const bool whole = (kb == 2 || kb == 4) && (vb == 2 || vb == 4);
+  return whole || (kb == vb && (kb == 1 || kb == 3 || kb == 5 || kb == 6 || kb == 7));
+}
 // A lane's value chunk of a group (GS / 8 codes) is whole bytes, at least one.
 constexpr bool tc_chunk_ok(int gs, int vb) { return gs * vb >= 64 && gs * vb % 64 == 0; }
 
