@@ -1056,6 +1056,32 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
   }
 }
 
+// 1-bit keys and values at head dim 128 and groups of 128 go through the general path's tensor-core
+// kernel for 8 query rows a KV head, and for 3 to 7 once B x Hkv x the packed tokens reaches 2^18
+// (attend.cu, one_bit_to_tc); through the tuned kernels otherwise: both sides of that line.
+TEST(Cuda, OneBitDecodeOnEitherKernelMatchesTheCpuCache) {
+  REQUIRE_GPU();
+  const Config cfg = gpu_config(128, 5, 128, 1, 1, MetaType::fp16);
+  const std::int64_t S = 33024 + 40;  // 32896 packed tokens: 2 x 4 x 32896 > 2^18
+  Tensor k = randn({2, 4, S, 128}, 61, DType::f16, true), v = randn({2, 4, S, 128}, 62, DType::f16, true);
+  SkvqCache cpu(cfg);
+  cuda::DeviceCache gpu(cfg, 2, 4, 128, S);
+  std::int64_t fed = 0;
+  for (std::int64_t len : {std::int64_t{4096}, S}) {  // 2 x 4 x ~4k packed tokens: 2^15; x 32k: 2^18
+    cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+    gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+    fed = len;
+    for (std::int64_t Hq : {4, 12, 16, 32}) {  // 1, 3, 4 and 8 rows a KV head
+      Tensor q = randn({2, Hq, 1, 128}, static_cast<std::uint32_t>(len + Hq), DType::f32);
+      const float scale = 1.0f / std::sqrt(128.0f);
+      const Tensor want = attend(cpu, q.view(), scale, AttendOptions{Kernel::reference, 1});
+      const Tensor got = gpu.attend(q.view(), scale);
+      expect_close(cpu, q.view(), k.view().slice_tokens(0, len), v.view().slice_tokens(0, len), scale, got.view(), want.view(),
+                   "K1V1 g128 len " + std::to_string(len) + " Hq " + std::to_string(Hq));
+    }
+  }
+}
+
 // The token-major kernel (3-4 query rows a KV head, and one in its one-row form) with 2-bit keys and
 // values and groups of 64 or 128 takes its tiles two at a time in blocks of 16 tiles or more: blocks
 // of even and odd tile counts and of fewer than 16 (forced splits), sinks and causal limits inside a

@@ -38,9 +38,11 @@ struct DeviceCacheImpl;
 // side), group_size a multiple of 16 (or >= both head dims), every metadata
 // mode; the constructor refuses anything else with an error naming the field. Keys and
 // values are fp16. The tuned attention kernels take D = Dv = 128 with bits
-// (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4); other shapes go through a
+// (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4) (1-bit grouped-query decode
+// over long caches at groups of 128 goes to the tensor-core kernel below,
+// where it measured faster); other shapes go through a
 // general-shape path: a tensor-core kernel at head dims 32, 64, 96, 256 (and
-// 128) with 2- or 4-bit codes, or 3, 5, 6 or 7 bits both sides, and groups of
+// 128) with 2- or 4-bit codes, or 1, 3, 5, 6 or 7 bits both sides, and groups of
 // 32, 64 or 128 that divide the row, or of 96 at head dim 96, where a lane's
 // share of a value group is whole bytes (faster than fp16 attention there), a
 // float kernel elsewhere (correct everywhere, not tuned: docs/performance.md,
