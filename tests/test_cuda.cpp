@@ -433,10 +433,11 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
 // for every width and every warp's share of a row (32 to 128 channels), each lane's B registers of
 // each k-step must hold fp16 1 + c / 2^KB of the channels key_channel gives its q slots (b0's
 // halves slots 0 and 1, b1's 2 and 3), and the four lanes of a quad must take each of a k-step's 16
-// channels once. Values: for every width and group whose lane chunks are whole bytes, lane g's
-// register of n-tile i must hold bf16 1 + c / 2^VB of channel g GS / 8 + i of the group, the first
-// token's in its low half and the second's in its high half. Random codes and the extremes (all 0,
-// all 2^b - 1). Needs no GPU.
+// channels once. Values: for every width and group (lane chunks of 4 bits to 14 bytes, whole
+// bytes or not), lane g's register of n-tile i must hold bf16 1 + c / 2^VB of channel g GS / 8 + i
+// of the group, the first token's in its low half and the second's in its high half, from the chunk
+// as the kernel loads it (tc_value_chunk). Random codes and the extremes (all 0, all 2^b - 1).
+// Needs no GPU.
 namespace tcc = cuda::tc;
 
 std::vector<std::uint8_t> tc_codes_for(std::mt19937& rng, int n, int bits, int trial) {
@@ -491,17 +492,43 @@ void check_tc_keys(std::mt19937& rng) {
   }
 }
 
+// Lane g's value chunk of a group's packed segment as the kernel loads it (TileRaw::load): by
+// words (ValueChunk::from_words; the words past those the lane needs, which the kernel does not
+// read, given as all ones here), or as Raw<kBytes> from its byte.
+template <int VB, int GS>
+tcc::Raw<tcc::ValueChunk<VB, GS>::kBytes> tc_value_chunk(const std::vector<std::uint8_t>& segment, int g) {
+  using VC = tcc::ValueChunk<VB, GS>;
+  if constexpr (VC::kByWords) {
+    const int bytes = static_cast<int>(segment.size());
+    EXPECT_EQ(bytes % 4, 0) << "VB " << VB << " group " << GS << ": the segment whole words";
+    EXPECT_LE(4 * (VC::first_word(g) + VC::words(g)), bytes) << "VB " << VB << " group " << GS << " lane " << g << ": past the segment";
+    EXPECT_LE(VC::shift(g) + VC::kBits, 32 * VC::words(g)) << "VB " << VB << " group " << GS << " lane " << g << ": too few words";
+    unsigned w[VC::kWords];
+    for (int i = 0; i < VC::kWords; ++i) {
+      w[i] = 0xFFFFFFFFu;
+      if (i < VC::words(g)) {
+        w[i] = 0;
+        for (int e = 0; e < 4; ++e) w[i] |= static_cast<unsigned>(segment[static_cast<std::size_t>(4 * (VC::first_word(g) + i) + e)]) << (8 * e);
+      }
+    }
+    return VC::from_words(w, VC::shift(g));
+  } else {
+    EXPECT_EQ(VC::kBits % 8, 0);
+    return tc_raw<VC::kBytes>(segment, g * VC::kBytes);
+  }
+}
+
 template <int VB, int GS>
 void check_tc_values(std::mt19937& rng) {
   if constexpr (tcc::tc_chunk_ok(GS, VB)) {
-    constexpr int kCV = GS * VB / 64, kNTG = GS / 8;
+    constexpr int kCV = tcc::ValueChunk<VB, GS>::kBytes, kNTG = GS / 8;
     for (int trial = 0; trial < 6; ++trial) {
       const std::vector<std::uint8_t> c0 = tc_codes_for(rng, GS, VB, trial), c1 = tc_codes_for(rng, GS, VB, trial < 2 ? 1 - trial : trial);
       std::vector<std::uint8_t> p0(static_cast<std::size_t>(ref::packed_bytes(GS, VB)), 0), p1 = p0;
       ref::pack_codes(c0.data(), GS, VB, p0.data());
       ref::pack_codes(c1.data(), GS, VB, p1.data());
       for (int g = 0; g < 8; ++g) {
-        const tcc::ValuePair<VB, kCV> vp(tc_raw<kCV>(p0, g * kCV), tc_raw<kCV>(p1, g * kCV));
+        const tcc::ValuePair<VB, kCV> vp(tc_value_chunk<VB, GS>(p0, g), tc_value_chunk<VB, GS>(p1, g));
         [&]<int... I>(std::integer_sequence<int, I...>) {
           const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
           for (int i = 0; i < kNTG; ++i) {
@@ -530,7 +557,12 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
   check_tc_width<5>(rng), check_tc_width<6>(rng), check_tc_width<7>(rng);
   EXPECT_FALSE(tcc::tc_widths_ok(8, 8));  // 8-bit values would not fit a bf16's mantissa
   EXPECT_FALSE(tcc::tc_widths_ok(3, 2));  // mixed pairs other than 2 and 4: the float kernel
-  EXPECT_FALSE(tcc::tc_chunk_ok(32, 3));  // a lane's chunk of 12 bits
+  // every width at every group the kernel's shapes have (32, 64, 96, 128): a group's segment whole
+  // words; not so at 16 channels of an odd width
+  for (int b = 1; b <= 7; ++b) {
+    for (int gs : {32, 64, 96, 128}) EXPECT_TRUE(tcc::tc_chunk_ok(gs, b)) << "VB " << b << " group " << gs;
+  }
+  EXPECT_FALSE(tcc::tc_chunk_ok(16, 3));
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA
@@ -1032,6 +1064,15 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {256, 32, 5, 64, 7, 7, MetaType::fp16, true},
       {256, 16, 2, 128, 5, 5, MetaType::fp32, true},
       {64, 32, 5, 64, 1, 1, MetaType::fp16, true},  // 1-bit codes (the tuned kernels take them at 128 only)
+      // lane chunks that are not whole bytes, or odd bytes past one (session 62: loaded by words)
+      {128, 64, 5, 32, 3, 3, MetaType::fp16, true},       // 12 bits
+      {128, 32, 0, 32, 1, 1, MetaType::fp8_e4m3, true},   // 4 bits (here the tuned kernels unless SKVQ_CUDA_BODY=general)
+      {128, 128, 2, 32, 5, 5, MetaType::fp32, false},     // 20 bits
+      {64, 64, 5, 32, 7, 7, MetaType::fp16, true},        // 28 bits
+      {96, 48, 5, 128, 3, 3, MetaType::fp16, true},       // one group of 96: 36 bits, across two words
+      {96, 32, 3, 128, 7, 7, MetaType::fp8_e4m3, true},   // 84 bits
+      {32, 16, 3, 32, 5, 5, MetaType::fp8_e4m3, true},
+      {256, 32, 5, 32, 3, 3, MetaType::fp16, true},       // two warps a tile
   };
   std::uint32_t seed = 4300;
   for (const Case& c : cases) {
@@ -1058,7 +1099,9 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
 
 // 1-bit keys and values at head dim 128 and groups of 128 go through the general path's tensor-core
 // kernel for 8 query rows a KV head, and for 3 to 7 once B x Hkv x the packed tokens reaches 2^18
-// (attend.cu, one_bit_to_tc); through the tuned kernels otherwise: both sides of that line.
+// (attend.cu, one_bit_to_tc); through the tuned kernels otherwise: both sides of that line. (Groups
+// of 32 and 64 go there from 2^20: the tensor-core kernel at those groups is checked in
+// Cuda.GeneralTensorCoreKernelMatchesTheCpuCache, under SKVQ_CUDA_BODY=general at head dim 128.)
 TEST(Cuda, OneBitDecodeOnEitherKernelMatchesTheCpuCache) {
   REQUIRE_GPU();
   const Config cfg = gpu_config(128, 5, 128, 1, 1, MetaType::fp16);

@@ -39,14 +39,13 @@ struct DeviceCacheImpl;
 // mode; the constructor refuses anything else with an error naming the field. Keys and
 // values are fp16. The tuned attention kernels take D = Dv = 128 with bits
 // (key, value) (1,1) (2,2) (4,4) (8,8) (4,2) (8,4) (1-bit grouped-query decode
-// over long caches at groups of 128 goes to the tensor-core kernel below,
-// where it measured faster); other shapes go through a
-// general-shape path: a tensor-core kernel at head dims 32, 64, 96, 256 (and
-// 128) with 2- or 4-bit codes, or 1, 3, 5, 6 or 7 bits both sides, and groups of
-// 32, 64 or 128 that divide the row, or of 96 at head dim 96, where a lane's
-// share of a value group is whole bytes (faster than fp16 attention there), a
-// float kernel elsewhere (correct everywhere, not tuned: docs/performance.md,
-// "Other head dims" and "Every code width").
+// over long caches goes to the tensor-core kernel below, where it measured
+// faster); other shapes go through a general-shape path: a tensor-core kernel
+// at head dims 32, 64, 96, 256 (and 128) with 2- or 4-bit codes, or 1, 3, 5,
+// 6 or 7 bits both sides, and groups of 32, 64 or 128 that divide the row, or
+// of 96 at head dim 96 (faster than fp16 attention there), a float kernel
+// elsewhere (correct everywhere, not tuned: docs/performance.md, "Other head
+// dims" and "Every code width").
 //
 // Devices: a cache lives on the CUDA device that was current when it was
 // made (a fork: on its source's device) and every call runs there, whatever

@@ -2758,20 +2758,24 @@ void widen_queries(const void* q, bool bf16, std::int64_t n, float* out, cudaStr
 // Whether 1-bit keys and values at head dim 128 go through the general path's tensor-core kernel
 // (attend_tc.cu) instead of the tuned ones. At 1 bit the tuned kernels have no tensor-core form for
 // grouped-query decode (attn_tmma_kernel takes 2- or 4-bit values); their one-token-per-lane kernel
-// measured against the tensor-core kernel on an H100 (session 62, `bench_cuda --one` with and without
-// SKVQ_CUDA_BODY=general, groups of 128; docs/performance.md "Every code width"), by the query rows a
-// KV head and the work, B x Hkv x the packed tokens:
-// - 8 rows: the tensor-core kernel 1.1x faster at 2^14 (B=1 Hkv=4 4k), 1.3x at 2^17, 3.2x at 2^20;
-// - 4 rows: 1.1-1.6x slower up to 2^17, 1.1-1.3x faster at 2^18, 1.5-2.1x from 2^20;
-// - 1 row: 2.2-3.0x slower; 2 rows: 1.3-1.6x slower; groups of 32: 1.6-3.5x slower.
+// measured against the tensor-core kernel on an H100 (session 62, `bench_cuda --one` with
+// SKVQ_CUDA_BODY=fast and =general; docs/performance.md "Every code width"), by the query rows a KV
+// head and the work, B x Hkv x the packed tokens:
+// - groups of 128, 8 rows: the tensor-core kernel 1.1x faster at 2^14 (B=1 Hkv=4 4k), 1.3x at
+//   2^17, 3.2x at 2^20;
+// - groups of 128, 4 rows: 1.1-1.6x slower up to 2^17, 1.1-1.3x faster at 2^18, 1.5-2.1x from 2^20;
+// - groups of 32 and 64, 4 rows: 1.3-1.6x faster at 2^20 and 2^21 (less not measured);
+// - 1 row: 2.2-3.0x slower; 2 rows: 1.3-1.6x slower.
 // Its work a token does not grow from 1 to 8 rows (A rows 0-7), the tuned kernel's does; 5 to 7 rows
 // (not measured) take 4 rows' line. Not where a tuned body kernel is forced (SKVQ_CUDA_BODY=fast).
 bool one_bit_to_tc(const AttnParams& p) {
-  if (p.k.bits != 1 || p.v.bits != 1 || p.group != 128 || body_override() >= 0) return false;
+  if (p.k.bits != 1 || p.v.bits != 1 || body_override() >= 0) return false;
   const int rows = p.query_rows();
   if (rows < 3 || rows > 8) return false;
   const std::int64_t work = static_cast<std::int64_t>(p.B) * p.Hkv * p.q_end;
-  return (rows == 8 || work >= (std::int64_t{1} << 18)) && tc_shape_ok(p);
+  const bool wide = p.group == 128 && (rows == 8 || work >= (std::int64_t{1} << 18));
+  const bool narrow = (p.group == 32 || p.group == 64) && work >= (std::int64_t{1} << 20);
+  return (wide || narrow) && tc_shape_ok(p);
 }
 
 void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cudaStream_t stream) {

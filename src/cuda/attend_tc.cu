@@ -94,28 +94,34 @@ struct TileLayout {
   static constexpr int kKRow = D * KB / 8;       // bytes of a key row
   static constexpr int kKW = kDW * KB / 8;       // bytes of a warp's part of a key row
   static constexpr int kVRow = D * VB / 8;       // bytes of a value row
-  static constexpr int kCV = GS * VB / 64;       // bytes of a lane's value chunk of a group
+  using VC = ValueChunk<VB, GS>;                 // a lane's value chunk of a group
+  static constexpr int kCV = VC::kBytes;         // its bytes as ValuePair takes them
   // a lane's metadata of a token pair (2t, 2t + 1): one load of both tokens' groups (kMT = 1), or
   // with two warps a row one load a token of the warp's groups (kMT = 2), of kMW bytes each
   static constexpr int kMT = kH;
   static constexpr int kMW = (kH == 1 ? 2 : 1) * kNG * kMb;
   static_assert(D % (GS * kH) == 0 && GS % 16 == 0, "whole groups of whole k-steps");
-  static_assert(GS * VB >= 64 && GS * VB % 64 == 0, "a lane's value chunk whole bytes");
+  static_assert(tc_chunk_ok(GS, VB), "a value group's packed segment whole words");
 };
 
 // Where a lane's loads of every tile start within a window slot (row 0 of its (b, h)), as byte
 // offsets into the side's arrays: the key rows of tokens g and 8 + g, the metadata of tokens
 // (2t, 2t + 1) and (8 + 2t, 9 + 2t) (keys and values have the same groups: one offset for all four
-// metadata arrays), the value chunks of those four tokens; each at the warp's half of the row
-// (half 1 of 2 past head dim 128, else 0). (32-bit: at most B Hkv window row bytes.)
+// metadata arrays), the value chunks of those four tokens (chunks loaded by words: the first word
+// that holds the chunk, with its shift and word count: ValueChunk); each at the warp's half of the
+// row (half 1 of 2 past head dim 128, else 0). (32-bit: at most B Hkv window row bytes.)
 template <int KB, int VB, int META, int D, int GS>
 struct LaneBase {
   using L = TileLayout<KB, VB, META, D, GS>;
+  using VC = typename L::VC;
   unsigned k, v, m;
-  __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t, int half) {
+  int vshift, vwords;
+  __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t, int half)
+      : vshift(VC::shift(g)), vwords(VC::words(g)) {
     const std::int64_t r = bh * p.window;
+    const int chunk = VC::kByWords ? 4 * VC::first_word(g) : g * L::kCV;
     k = static_cast<unsigned>((r + g) * L::kKRow + half * L::kKW);
-    v = static_cast<unsigned>((r + 2 * t) * L::kVRow + g * L::kCV + half * (L::kDW * VB / 8));
+    v = static_cast<unsigned>((r + 2 * t) * L::kVRow + chunk + half * (L::kDW * VB / 8));
     m = static_cast<unsigned>((r + 2 * t) * (L::kRowNG * L::kMb) + half * (L::kNG * L::kMb));
   }
 };
@@ -161,7 +167,17 @@ struct TileRaw {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
-      for (int gr = 0; gr < L::kNG; ++gr) v[u][gr].load(vc + (8 * (u / 2) + u % 2) * L::kVRow + gr * (GS * VB / 8));
+      for (int gr = 0; gr < L::kNG; ++gr) {
+        const unsigned char* at = vc + (8 * (u / 2) + u % 2) * L::kVRow + gr * (GS * VB / 8);
+        if constexpr (L::VC::kByWords) {
+          unsigned w[L::VC::kWords];
+#pragma unroll
+          for (int i = 0; i < L::VC::kWords; ++i) w[i] = i == 0 || i < lb.vwords ? __ldg(reinterpret_cast<const unsigned*>(at) + i) : 0u;
+          v[u][gr] = L::VC::from_words(w, lb.vshift);
+        } else {
+          v[u][gr].load(at);
+        }
+      }
     }
   }
 };

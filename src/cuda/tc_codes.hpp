@@ -43,8 +43,10 @@ constexpr bool tc_widths_ok(int kb, int vb) {
   const bool whole = (kb == 2 || kb == 4) && (vb == 2 || vb == 4);
   return whole || (kb == vb && (kb == 1 || kb == 3 || kb == 5 || kb == 6 || kb == 7));
 }
-// A lane's value chunk of a group (GS / 8 codes) is whole bytes, at least one.
-constexpr bool tc_chunk_ok(int gs, int vb) { return gs * vb >= 64 && gs * vb % 64 == 0; }
+// A value group's packed segment of a row (GS VB / 8 bytes) is whole 32-bit words, so that it starts on
+// a word boundary (ValueChunk); lane chunks of any bit length then follow (whole bytes: Raw; other
+// lengths: ValueChunk::from_words).
+constexpr bool tc_chunk_ok(int gs, int vb) { return gs * vb >= 32 && gs * vb % 32 == 0; }
 
 // BYTES bytes as words (loaded on the device from p, aligned to the largest power of two, up to 16,
 // that divides BYTES); a trailing part word holds the last 1-3 bytes in its low bits (zero above).
@@ -189,6 +191,37 @@ SKVQ_HD int key_channel(int t, int j) {
   if constexpr (!key_bytes_whole(KB)) return t + 4 * j;
   return 2 * t + (j == 1 ? 8 : j == 2 ? 1 : j == 3 ? 9 : 0);
 }
+
+// Lane g's value chunk of a group: its GS / 8 codes, bits [g K, (g + 1) K) of the group's packed
+// segment (K = GS VB / 8 bits; the segment starts on a word boundary: tc_chunk_ok). Chunks of one
+// byte or of whole halfwords load as Raw<kBytes> from their first byte (kByWords false). The others
+// (half a byte: 1 bit at groups of 32; 1.5, 2.5 or 3.5 bytes: 3, 5 and 7 bits there; 3 bytes or
+// more, odd: odd widths at groups of 64, 2 bits at a group of 96, ...) load as the segment's words
+// that hold them (where Raw would load odd byte counts a byte at a time), words(g) of them from
+// word first_word(g), shifted down by shift(g) (from_words): what ValuePair takes, as Raw::load
+// would give it for a chunk of whole bytes. A lane reads no word past the one that holds its last
+// bit, so nothing past the segment.
+template <int VB, int GS>
+struct ValueChunk {
+  static constexpr int kBits = GS * VB / 8;
+  static constexpr int kBytes = (kBits + 7) / 8;
+  static constexpr bool kByWords = kBits % 8 != 0 || (kBits > 8 && kBits % 16 != 0);
+  static constexpr int kWords = (kBits + 31 + 31) / 32;  // the most a chunk spans, from any bit
+  SKVQ_HD static constexpr int first_word(int g) { return g * kBits / 32; }
+  SKVQ_HD static constexpr int shift(int g) { return g * kBits % 32; }
+  SKVQ_HD static constexpr int words(int g) { return (shift(g) + kBits + 31) / 32; }
+  // w: words first_word(g), first_word(g) + 1, ... (those from words(g) on anything: shifted out or
+  // masked); s: shift(g)
+  SKVQ_HD static Raw<kBytes> from_words(const unsigned (&w)[kWords], int s) {
+    Raw<kBytes> r;
+    SKVQ_UNROLL
+    for (int i = 0; i < Raw<kBytes>::kWords; ++i) r.w[i] = funnel_r(w[i], i + 1 < kWords ? w[i + 1] : 0u, s);
+    // (Raw's trailing part word is zero above its bytes; ValuePair relies on it for one-byte
+    // chunks, and masks every code it takes from longer ones)
+    if constexpr (kBytes == 1) r.w[0] &= 0xFFu;
+    return r;
+  }
+};
 
 // Value n-tile i of a metadata group: lane g's column is channel g * (GS / 8) + i of the group,
 // its chunk of the group (GS / 8 codes, bits [g GS / 8 VB, ..)). From the chunks of two tokens
