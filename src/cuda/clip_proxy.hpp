@@ -19,33 +19,27 @@
 
 #include <cmath>
 
-#if defined(__CUDACC__)
-#define SKVQ_HD __host__ __device__ __forceinline__
-#define SKVQ_UNROLL _Pragma("unroll")
-#else
-#define SKVQ_HD inline
-#define SKVQ_UNROLL
-#endif
+#include "cuda/host_device.hpp"
 
 namespace skvq::cuda::clip {
 
 // Separately rounded float operations (no contraction on either side: the
 // host's numerics flags and explicit intrinsics on the device).
-SKVQ_HD float fma_rn(float a, float b, float c) {
+SKVQ_HD_INLINE float fma_rn(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
   return __fmaf_rn(a, b, c);
 #else
   return std::fma(a, b, c);
 #endif
 }
-SKVQ_HD float add_rn(float a, float b) {
+SKVQ_HD_INLINE float add_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fadd_rn(a, b);
 #else
   return a + b;
 #endif
 }
-SKVQ_HD float mul_rn(float a, float b) {
+SKVQ_HD_INLINE float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rn(a, b);
 #else
@@ -54,11 +48,11 @@ SKVQ_HD float mul_rn(float a, float b) {
 }
 // (as written, not fminf / fmaxf: with those the 2-bit search kernel at groups of 128 measured 3% slower,
 // session 28, though it executed fewer instructions)
-SKVQ_HD float min_f(float a, float b) { return a < b ? a : b; }
-SKVQ_HD float max_f(float a, float b) { return a > b ? a : b; }
+SKVQ_HD_INLINE float min_f(float a, float b) { return a < b ? a : b; }
+SKVQ_HD_INLINE float max_f(float a, float b) { return a > b ? a : b; }
 // (fabs, not a < 0 ? -a : a: that keeps -0 and costs a compare and a select; |a| is an operand
 // modifier of the FADD that takes it)
-SKVQ_HD float abs_f(float a) { return std::fabs(a); }
+SKVQ_HD_INLINE float abs_f(float a) { return std::fabs(a); }
 
 constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: x + kMagic - kMagic = rint(x) for |x| < 2^22
 constexpr float kU = 0x1p-24f;         // unit roundoff of float32
@@ -87,7 +81,7 @@ struct ClipProxy {
   // array the search kernels' 80 registers a thread no longer held the slot loop without spills)
   float inv[NA], cm[NA], even[NA], odd[NA];
 
-  SKVQ_HD ClipProxy(const float (&lo)[NA], const float (&inv_)[NA]) {
+  SKVQ_HD_INLINE ClipProxy(const float (&lo)[NA], const float (&inv_)[NA]) {
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) {
       inv[a] = inv_[a];
@@ -98,12 +92,12 @@ SKVQ_UNROLL
   }
 
   // kFold: (x - lo) / scale - L / 2 approximately; else (x - lo) / scale.
-  SKVQ_HD float quotient(float x, int a) const { return fma_rn(x, inv[a], -cm[a]); }
+  SKVQ_HD_INLINE float quotient(float x, int a) const { return fma_rn(x, inv[a], -cm[a]); }
   // The square of the quotient's distance to the nearest of the codes added
   // to acc. kClamp (8 bits only) false: only where in_range holds (then rint
   // alone lands on a code).
   template <bool kClamp = true>
-  SKVQ_HD void add(float x, int a, float& acc) const {
+  SKVQ_HD_INLINE void add(float x, int a, float& acc) const {
     const float av = quotient(x, a);
     float d;
     if constexpr (kFold) {
@@ -119,7 +113,7 @@ SKVQ_UNROLL
   }
   // Two slots (even, odd): two sums a factor, half as long (a smaller bound, more independent chains).
   template <bool kClamp = true>
-  SKVQ_HD void add2(float x0, float x1) {
+  SKVQ_HD_INLINE void add2(float x0, float x1) {
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) {
       add<kClamp>(x0, a, even[a]);
@@ -127,7 +121,7 @@ SKVQ_UNROLL
     }
   }
   template <bool kClamp = true>
-  SKVQ_HD void add1(float x) {
+  SKVQ_HD_INLINE void add1(float x) {
 SKVQ_UNROLL
     for (int a = 0; a < NA; ++a) add<kClamp>(x, a, even[a]);
   }
@@ -135,7 +129,7 @@ SKVQ_UNROLL
   // estimate is monotonic in x) lies in [-0.5, levels + 0.5), where rint
   // already gives the nearest code and the clamp can be left out (8 bits;
   // the folds need no clamp: always true there).
-  SKVQ_HD bool in_range(float gmin, float gmax) const {
+  SKVQ_HD_INLINE bool in_range(float gmin, float gmax) const {
     if constexpr (kFold) return true;
     bool ok = true;
 SKVQ_UNROLL
@@ -151,7 +145,7 @@ SKVQ_UNROLL
   // with the group's g slots (docs/numerics.md). Every term is a sum or
   // product of non-negative values, non-decreasing in each argument: at the
   // factors' largest arguments it bounds every factor's.
-  SKVQ_HD static float radius(float s, float P, float qm, float alo, float bey, float C, float eu, float ef, int g) {
+  SKVQ_HD_INLINE static float radius(float s, float P, float qm, float alo, float bey, float C, float eu, float ef, int g) {
     const float fg = static_cast<float>(g);
     const float m = static_cast<float>((g + 1) / 2 + 1);  // roundings in a slot's path through its sum
     const float gam_p = mul_rn(m * 1.001f, kU);                               // the proxy's sums (two halves, then their sum)
@@ -181,7 +175,7 @@ SKVQ_UNROLL
   // factor's interval, each factor's radius R[a].
   // (The smallest's C and R are carried as values: indexing C and R by b
   // would put both arrays in local memory on the device.)
-  SKVQ_HD static bool separated(const float (&C)[NA], const float (&R)[NA], int& b) {
+  SKVQ_HD_INLINE static bool separated(const float (&C)[NA], const float (&R)[NA], int& b) {
     b = 0;
     float Cb = C[0], Rb = R[0];
 SKVQ_UNROLL
@@ -205,7 +199,7 @@ SKVQ_UNROLL
   // instead of NA: nearly every ordinary group is certified by it); where it
   // is too wide, each factor's own. `shared` (tests): whether the one radius
   // certified the choice.
-  SKVQ_HD bool choose(const float (&lo)[NA], const float (&scale)[NA], float gmin, float gmax, int g, int& best,
+  SKVQ_HD_INLINE bool choose(const float (&lo)[NA], const float (&scale)[NA], float gmin, float gmax, int g, int& best,
                       bool* shared = nullptr) const {
     float C[NA], P[NA], qm[NA], bey[NA], eu[NA], ef[NA];
     float smax = 0.0f, Pmax = 0.0f, qmax = 0.0f, lmax = 0.0f, bmax = 0.0f, Cmax = 0.0f, umax = 0.0f, fmax = 0.0f;
@@ -262,5 +256,3 @@ SKVQ_UNROLL
 
 }  // namespace skvq::cuda::clip
 
-#undef SKVQ_HD
-#undef SKVQ_UNROLL

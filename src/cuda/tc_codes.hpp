@@ -6,18 +6,12 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SKVQ_HD __host__ __device__ __forceinline__
-#define SKVQ_UNROLL _Pragma("unroll")
-#else
-#define SKVQ_HD inline
-#define SKVQ_UNROLL
-#endif
+#include "cuda/host_device.hpp"
 
 namespace skvq::cuda::tc {
 
 // __funnelshift_r: the low 32 bits of (hi:lo) >> (s & 31).
-SKVQ_HD unsigned funnel_r(unsigned lo, unsigned hi, int s) {
+SKVQ_HD_INLINE unsigned funnel_r(unsigned lo, unsigned hi, int s) {
 #if defined(__CUDA_ARCH__)
   return __funnelshift_r(lo, hi, s);
 #else
@@ -25,7 +19,7 @@ SKVQ_HD unsigned funnel_r(unsigned lo, unsigned hi, int s) {
 #endif
 }
 // __byte_perm: byte i of the result is byte (s >> 4 i) & 7 of (y:x).
-SKVQ_HD unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
+SKVQ_HD_INLINE unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
 #if defined(__CUDA_ARCH__)
   return __byte_perm(x, y, s);
 #else
@@ -87,12 +81,12 @@ struct Raw {
   }
 #endif
   // byte e
-  SKVQ_HD unsigned byte(int e) const { return (w[e / 4] >> (8 * (e % 4))) & 0xFFu; }
+  SKVQ_HD_INLINE unsigned byte(int e) const { return (w[e / 4] >> (8 * (e % 4))) & 0xFFu; }
 };
 
 // x shifted left by s (right by -s), s a compile-time constant
 template <int S>
-SKVQ_HD unsigned shift(unsigned x) {
+SKVQ_HD_INLINE unsigned shift(unsigned x) {
   if constexpr (S >= 0) return x << S;
   else return x >> (-S);
 }
@@ -105,7 +99,7 @@ SKVQ_HD unsigned shift(unsigned x) {
 // (r1 = 4t + 26 for 2t + 1, 9 + 2t) puts them at bits 8 and 24 at once. 4-bit: two words a k-step,
 // byte t of each moved to bytes 0 and 2 (sel), then shifted.
 template <int KB, int WORDS>
-SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one, unsigned& b0,
+SKVQ_HD_INLINE void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, int r1, unsigned one, unsigned& b0,
                       unsigned& b1) {
   if constexpr (KB == 2) {
     b0 = (funnel_r(w[ks], w[ks], r0) & 0x03000300u) | one;
@@ -126,7 +120,7 @@ SKVQ_HD void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, int r0, 
 template <int KB, int WORDS>
 struct RowShifted {
   unsigned w[WORDS];
-  SKVQ_HD RowShifted(const unsigned (&raw)[WORDS], int s) {
+  SKVQ_HD_INLINE RowShifted(const unsigned (&raw)[WORDS], int s) {
     SKVQ_UNROLL
     for (int i = 0; i + 1 < WORDS; ++i) w[i] = funnel_r(raw[i], raw[i + 1], s);
     w[WORDS - 1] = raw[WORDS - 1] >> s;
@@ -134,14 +128,14 @@ struct RowShifted {
   // the code at bit P of the shifted row moved to bit DST (the bits around it anything; P and DST
   // compile-time constants once the caller's loops unroll). A code that crosses a word has P % 32
   // past 32 - KB, above any DST the fp16 pair takes (at most 26 - KB): one funnel shift right.
-  SKVQ_HD unsigned at(int P, int DST) const {
+  SKVQ_HD_INLINE unsigned at(int P, int DST) const {
     const int i = P / 32, o = P % 32;
     if (o + KB <= 32) return DST >= o ? w[i] << (DST - o) : w[i] >> (o - DST);
     return funnel_r(w[i], w[i + 1], o - DST);
   }
 };
 template <int KB, int WORDS>
-SKVQ_HD void key_frag_any(const RowShifted<KB, WORDS>& r, int ks, unsigned one, unsigned& b0, unsigned& b1) {
+SKVQ_HD_INLINE void key_frag_any(const RowShifted<KB, WORDS>& r, int ks, unsigned one, unsigned& b0, unsigned& b1) {
   constexpr unsigned kLo = ((1u << KB) - 1u) << (10 - KB), kHi = kLo << 16;
   const int p0 = KB * 16 * ks;
   b0 = (r.at(p0, 10 - KB) & kLo) | ((r.at(p0 + 4 * KB, 26 - KB) & kHi) | one);
@@ -155,7 +149,7 @@ template <int KB>
 struct KeyLane {
   unsigned sel;
   int r0, r1, shift;
-  SKVQ_HD explicit KeyLane(int t)
+  SKVQ_HD_INLINE explicit KeyLane(int t)
       : sel(KB == 4 ? static_cast<unsigned>(t | (t << 4) | ((t + 4) << 8) | ((t + 4) << 12)) : 0u),
         r0((4 * t + 24) & 31),
         r1((4 * t + 26) & 31),
@@ -165,7 +159,7 @@ struct KeyLane {
 // The B registers of the KS k-steps of a warp's part of a key row (w: its words, as Raw loads
 // them): f(ks, b0, b1) for ks = 0, 1, ..., KS - 1.
 template <int KB, int KS, int WORDS, typename F>
-SKVQ_HD void key_steps(const unsigned (&w)[WORDS], const KeyLane<KB>& kl, unsigned one, F&& f) {
+SKVQ_HD_INLINE void key_steps(const unsigned (&w)[WORDS], const KeyLane<KB>& kl, unsigned one, F&& f) {
   if constexpr (key_bytes_whole(KB)) {
     SKVQ_UNROLL
     for (int ks = 0; ks < KS; ++ks) {
@@ -187,7 +181,7 @@ SKVQ_HD void key_steps(const unsigned (&w)[WORDS], const KeyLane<KB>& kl, unsign
 // The channel (of the k-step's 16) that lane t's q slot j holds: j = 0, 1: a0's low and high
 // halves; j = 2, 3: a2's.
 template <int KB>
-SKVQ_HD int key_channel(int t, int j) {
+SKVQ_HD_INLINE int key_channel(int t, int j) {
   if constexpr (!key_bytes_whole(KB)) return t + 4 * j;
   return 2 * t + (j == 1 ? 8 : j == 2 ? 1 : j == 3 ? 9 : 0);
 }
@@ -207,12 +201,12 @@ struct ValueChunk {
   static constexpr int kBytes = (kBits + 7) / 8;
   static constexpr bool kByWords = kBits % 8 != 0 || (kBits > 8 && kBits % 16 != 0);
   static constexpr int kWords = (kBits + 31 + 31) / 32;  // the most a chunk spans, from any bit
-  SKVQ_HD static constexpr int first_word(int g) { return g * kBits / 32; }
-  SKVQ_HD static constexpr int shift(int g) { return g * kBits % 32; }
-  SKVQ_HD static constexpr int words(int g) { return (shift(g) + kBits + 31) / 32; }
+  SKVQ_HD_INLINE static constexpr int first_word(int g) { return g * kBits / 32; }
+  SKVQ_HD_INLINE static constexpr int shift(int g) { return g * kBits % 32; }
+  SKVQ_HD_INLINE static constexpr int words(int g) { return (shift(g) + kBits + 31) / 32; }
   // w: words first_word(g), first_word(g) + 1, ... (those from words(g) on anything: shifted out or
   // masked); s: shift(g)
-  SKVQ_HD static Raw<kBytes> from_words(const unsigned (&w)[kWords], int s) {
+  SKVQ_HD_INLINE static Raw<kBytes> from_words(const unsigned (&w)[kWords], int s) {
     Raw<kBytes> r;
     SKVQ_UNROLL
     for (int i = 0; i < Raw<kBytes>::kWords; ++i) r.w[i] = funnel_r(w[i], i + 1 < kWords ? w[i + 1] : 0u, s);
@@ -230,7 +224,7 @@ template <int VB, int CVB>
 struct ValuePair {
   static constexpr int kHalves = (CVB + 1) / 2;
   unsigned x[kHalves];  // halfword h of both chunks: c0's in the low half, c1's in the high
-  SKVQ_HD ValuePair(const Raw<CVB>& c0, const Raw<CVB>& c1) {
+  SKVQ_HD_INLINE ValuePair(const Raw<CVB>& c0, const Raw<CVB>& c1) {
     if constexpr (CVB == 1) {
       x[0] = c0.w[0] | (c1.w[0] << 16);
     } else {
@@ -239,7 +233,7 @@ struct ValuePair {
     }
   }
   template <int I>
-  SKVQ_HD unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
+  SKVQ_HD_INLINE unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
     constexpr int bit = I * VB, h = bit / 16, pos = bit % 16;
     constexpr unsigned kMask = ((1u << VB) - 1u) << (7 - VB);
     if constexpr (pos + VB <= 16) {
@@ -254,5 +248,3 @@ struct ValuePair {
 
 }  // namespace skvq::cuda::tc
 
-#undef SKVQ_HD
-#undef SKVQ_UNROLL
