@@ -520,26 +520,25 @@ tcc::Raw<tcc::ValueChunk<VB, GS>::kBytes> tc_value_chunk(const std::vector<std::
 
 template <int VB, int GS>
 void check_tc_values(std::mt19937& rng) {
-  if constexpr (tcc::tc_chunk_ok(GS, VB)) {
-    constexpr int kCV = tcc::ValueChunk<VB, GS>::kBytes, kNTG = GS / 8;
-    for (int trial = 0; trial < 6; ++trial) {
-      const std::vector<std::uint8_t> c0 = tc_codes_for(rng, GS, VB, trial), c1 = tc_codes_for(rng, GS, VB, trial < 2 ? 1 - trial : trial);
-      std::vector<std::uint8_t> p0(static_cast<std::size_t>(ref::packed_bytes(GS, VB)), 0), p1 = p0;
-      ref::pack_codes(c0.data(), GS, VB, p0.data());
-      ref::pack_codes(c1.data(), GS, VB, p1.data());
-      for (int g = 0; g < 8; ++g) {
-        const tcc::ValuePair<VB, kCV> vp(tc_value_chunk<VB, GS>(p0, g), tc_value_chunk<VB, GS>(p1, g));
-        [&]<int... I>(std::integer_sequence<int, I...>) {
-          const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
-          for (int i = 0; i < kNTG; ++i) {
-            const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
-            EXPECT_EQ(reg[i] & 0xFFFFu, 0x3F80u | (static_cast<unsigned>(c0[c]) << (7 - VB)))
-                << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (first token)";
-            EXPECT_EQ(reg[i] >> 16, 0x3F80u | (static_cast<unsigned>(c1[c]) << (7 - VB)))
-                << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (second token)";
-          }
-        }(std::make_integer_sequence<int, kNTG>{});
-      }
+  static_assert(tcc::tc_chunk_ok(GS, VB), "a group the kernel takes at every width (nothing skipped)");
+  constexpr int kCV = tcc::ValueChunk<VB, GS>::kBytes, kNTG = GS / 8;
+  for (int trial = 0; trial < 6; ++trial) {
+    const std::vector<std::uint8_t> c0 = tc_codes_for(rng, GS, VB, trial), c1 = tc_codes_for(rng, GS, VB, trial < 2 ? 1 - trial : trial);
+    std::vector<std::uint8_t> p0(static_cast<std::size_t>(ref::packed_bytes(GS, VB)), 0), p1 = p0;
+    ref::pack_codes(c0.data(), GS, VB, p0.data());
+    ref::pack_codes(c1.data(), GS, VB, p1.data());
+    for (int g = 0; g < 8; ++g) {
+      const tcc::ValuePair<VB, kCV> vp(tc_value_chunk<VB, GS>(p0, g), tc_value_chunk<VB, GS>(p1, g));
+      [&]<int... I>(std::integer_sequence<int, I...>) {
+        const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
+        for (int i = 0; i < kNTG; ++i) {
+          const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
+          EXPECT_EQ(reg[i] & 0xFFFFu, 0x3F80u | (static_cast<unsigned>(c0[c]) << (7 - VB)))
+              << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (first token)";
+          EXPECT_EQ(reg[i] >> 16, 0x3F80u | (static_cast<unsigned>(c1[c]) << (7 - VB)))
+              << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (second token)";
+        }
+      }(std::make_integer_sequence<int, kNTG>{});
     }
   }
 }

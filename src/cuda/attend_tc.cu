@@ -514,17 +514,15 @@ bool with_tc_widths(int kb, int vb, F&& f) {
   return true;
 }
 
-// f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true).
+// f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true). (Every group
+// with_tc_shape takes has whole-word value segments at every width: TileLayout asserts it.)
 template <typename F>
 void with_tc_kernel(const AttnParams& p, F&& f) {
   const bool ok = with_tc_shape(p.D, p.group, [&](auto d, auto gs) {
-    constexpr int kGS = decltype(gs)::value;
     with_tc_widths(p.k.bits, p.v.bits, [&](auto k, auto v) {
-      if constexpr (tc_chunk_ok(kGS, decltype(v)::value)) {
-        if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
-        else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
-        else f(d, k, v, std::integral_constant<int, 2>{}, gs);
-      }
+      if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
+      else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
+      else f(d, k, v, std::integral_constant<int, 2>{}, gs);
     });
   });
   if (!ok) throw Error("skvq: cuda attend: the tensor-core general kernel does not take D=" + std::to_string(p.D));
@@ -536,7 +534,7 @@ bool tc_shape_ok(const AttnParams& p) {
   static const bool off = env_switch("SKVQ_CUDA_GENERAL") == "float";
   if (off || p.q_end <= 0 || p.window % kTok != 0) return false;
   if (p.D != p.Dv || p.group != p.group_v) return false;
-  if (!tc_widths_ok(p.k.bits, p.v.bits) || !tc_chunk_ok(p.group, p.v.bits)) return false;
+  if (!tc_widths_ok(p.k.bits, p.v.bits)) return false;
   return with_tc_shape(p.D, p.group, [](auto, auto) {});
 }
 
