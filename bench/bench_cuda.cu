@@ -7,6 +7,7 @@
 //        | --one B Hkv T [SETTING] | --streams B Hkv T [SETTING] | --splits B Hkv T [SETTING]
 //        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
 //        | --read-floor | --widths (every code width, 1 to 8 bits) | --head-dims [D B T] | --chunks [S1,S2,...] (chunked prefill: S new rows after a history of T)
+//        | --pairs (pairs of code widths without a kernel of their own, head dim 128)
 //        | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -494,6 +495,34 @@ void widths_table(double bw) {
                   st.one_ms, st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
       std::printf("RESULT widths bits=%d B=%d Hkv=%d T=%lld flush_on=%.4f flush_off=%.4f fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", bits, B,
                   Hkv, static_cast<long long>(T), flush[0], flush[1], fp16, st.one_ms, st.graph_ms, bytes);
+    }
+  }
+}
+
+// Pairs of code widths without a kernel of their own (--pairs): at head dim 128 the tensor-core
+// kernel that reads its widths at run time (session 63), or the float kernel under
+// SKVQ_CUDA_GENERAL=float (run both for the two side by side); one decode step at B=1 and B=8, Hkv=8,
+// over 32768 tokens, one call and per layer of a graph as the tables time them, against the project's
+// fp16 kernel on the same shape, with the pairs of one width each side (their own kernels) beside them.
+void pairs_table(double bw) {
+  std::printf("\n## Pairs of code widths (head dim 128)\n\n");
+  std::printf("| setting | B | Hkv | T | fp16 ms | ms one call | ms graph | %% of copy (graph) | fp16 / graph |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  const Setting pairs[] = {{"K3V3g128", 3, 3, 128}, {"K3V2g128", 3, 2, 128}, {"K2V3g128", 2, 3, 128}, {"K4V3g128", 4, 3, 128},
+                           {"K3V4g128", 3, 4, 128}, {"K8V2g128", 8, 2, 128}, {"K2V1g128", 2, 1, 128}, {"K1V2g128", 1, 2, 128},
+                           {"K6V4g128", 6, 4, 128}, {"K8V7g128", 8, 7, 128}, {"K3V2g32", 3, 2, 32},   {"K8V2g32", 8, 2, 32},
+                           {"K5V7g64", 5, 7, 64}};
+  for (const Setting& s : pairs) {
+    for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
+      const std::int64_t T = 32768;
+      const OneShape x(B, Hkv, T, s);
+      const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
+      const StepTimes st = step_times(x, B, Hkv, T, s);
+      const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
+      std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
+                  st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
+      std::printf("RESULT pairs setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
+                  static_cast<long long>(T), fp16, st.one_ms, st.graph_ms, bytes);
     }
   }
 }
@@ -1121,14 +1150,15 @@ int main(int argc, char** argv) {
     chunks_table(sizes);
     return 0;
   }
-  if (argc == 2 && std::strcmp(argv[1], "--widths") == 0) {
+  if (argc == 2 && (std::strcmp(argv[1], "--widths") == 0 || std::strcmp(argv[1], "--pairs") == 0)) {
     if (!cuda::available()) {
       std::printf("no GPU: %s\n", cuda::device_description().c_str());
       return 0;
     }
     const double bw = copy_bandwidth();
     std::printf("device: %s\ncopy bandwidth (device to device, read + write): %.0f GB/s\n", cuda::device_description().c_str(), bw / 1e9);
-    widths_table(bw);
+    if (std::strcmp(argv[1], "--widths") == 0) widths_table(bw);
+    else pairs_table(bw);
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

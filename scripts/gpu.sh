@@ -48,6 +48,8 @@ python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch ex
 [ -z "$quick" ] && { SKVQ_CUDA_GENERAL=float "$bin/bench_cuda" --head-dims > "$out/bench_head_dims_float.txt" 2>&1; echo "bench_cuda --head-dims (float general kernel) exit $?"; }
 [ -z "$quick" ] && { "$bin/bench_cuda" --dtypes > "$out/bench_dtypes.txt" 2>&1; echo "bench_cuda --dtypes exit $?"; }
 [ -z "$quick" ] && { "$bin/bench_cuda" --widths > "$out/bench_widths.txt" 2>&1; echo "bench_cuda --widths exit $?"; }
+[ -z "$quick" ] && { "$bin/bench_cuda" --pairs > "$out/bench_pairs.txt" 2>&1; echo "bench_cuda --pairs exit $?"; }
+[ -z "$quick" ] && { SKVQ_CUDA_GENERAL=float "$bin/bench_cuda" --pairs > "$out/bench_pairs_float.txt" 2>&1; echo "bench_cuda --pairs (float general kernel) exit $?"; }
 # The test runs are independent of each other: they go to the GPU together
 # (background jobs, each with its own output file; a full sequential pass took
 # about nine minutes, near a device call's ten), and their summaries print in

@@ -429,7 +429,9 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
 }
 
 // The general tensor-core kernel's code unpacking (cuda/tc_codes.hpp) on the host, from rows packed
-// as the store packs them (ref::pack_codes), at every width the kernel takes (tc_widths_ok). Keys:
+// as the store packs them (ref::pack_codes), at every width the kernel takes (tc_any_widths_ok: keys
+// 1 to 8 bits, values 1 to 7; a pair of them has a kernel of its own (tc_widths_ok) or, at head dim
+// 128, the kernel whose widths are read at run time, whose cases are these same steps). Keys:
 // for every width and every warp's share of a row (32 to 128 channels), each lane's B registers of
 // each k-step must hold fp16 1 + c / 2^KB of the channels key_channel gives its q slots (b0's
 // halves slots 0 and 1, b1's 2 and 3), and the four lanes of a quad must take each of a k-step's 16
@@ -554,8 +556,18 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
   std::mt19937 rng(61);
   check_tc_width<1>(rng), check_tc_width<2>(rng), check_tc_width<3>(rng), check_tc_width<4>(rng);
   check_tc_width<5>(rng), check_tc_width<6>(rng), check_tc_width<7>(rng);
+  // 8-bit keys (the run-time widths' kernel takes them beside values of 1 to 7 bits)
+  check_tc_keys<8, 32>(rng), check_tc_keys<8, 64>(rng), check_tc_keys<8, 96>(rng), check_tc_keys<8, 128>(rng);
   EXPECT_FALSE(tcc::tc_widths_ok(8, 8));  // 8-bit values would not fit a bf16's mantissa
-  EXPECT_FALSE(tcc::tc_widths_ok(3, 2));  // mixed pairs other than 2 and 4: the float kernel
+  EXPECT_FALSE(tcc::tc_any_widths_ok(8, 8));
+  EXPECT_FALSE(tcc::tc_any_widths_ok(2, 8));
+  EXPECT_FALSE(tcc::tc_widths_ok(3, 2));  // mixed pairs other than 2 and 4: no kernel of their own
+  for (int kb = 1; kb <= 8; ++kb) {
+    for (int vb = 1; vb <= 7; ++vb) EXPECT_TRUE(tcc::tc_any_widths_ok(kb, vb)) << "K" << kb << "V" << vb;
+    EXPECT_FALSE(tcc::tc_any_widths_ok(kb, 0));
+  }
+  EXPECT_FALSE(tcc::tc_any_widths_ok(0, 2));
+  EXPECT_FALSE(tcc::tc_any_widths_ok(9, 2));
   // every width at every group the kernel's shapes have (32, 64, 96, 128): a group's segment whole
   // words; not so at 16 channels of an odd width
   for (int b = 1; b <= 7; ++b) {
@@ -1072,6 +1084,19 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {96, 32, 3, 128, 7, 7, MetaType::fp8_e4m3, true},   // 84 bits
       {32, 16, 3, 32, 5, 5, MetaType::fp8_e4m3, true},
       {256, 32, 5, 32, 3, 3, MetaType::fp16, true},       // two warps a tile
+      // the other pairs at head dim 128 (session 63): the kernel that reads the widths at run time,
+      // every key width 1-8 and value width 1-7 among them, at groups of 32, 64 and 128
+      {128, 128, 5, 128, 3, 2, MetaType::fp16, true},
+      {128, 64, 2, 32, 2, 3, MetaType::fp8_e4m3, true},
+      {128, 64, 5, 64, 8, 2, MetaType::fp32, true},
+      {128, 128, 5, 32, 1, 4, MetaType::fp16, true},
+      {128, 32, 0, 128, 5, 7, MetaType::fp16, false},
+      {128, 64, 3, 64, 6, 1, MetaType::fp8_e4m3, true},
+      {128, 128, 5, 128, 8, 7, MetaType::fp32, true},
+      {128, 48, 5, 32, 7, 5, MetaType::fp16, true},
+      {128, 64, 5, 128, 4, 6, MetaType::fp16, true},
+      {128, 16, 3, 64, 1, 2, MetaType::fp16, true},
+      {128, 64, 5, 32, 3, 2, MetaType::fp32, true},  // (fp32 metadata at groups of 32: the float kernel)
   };
   std::uint32_t seed = 4300;
   for (const Case& c : cases) {

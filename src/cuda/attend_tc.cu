@@ -1,6 +1,8 @@
 // The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
 // kernels of attend.cu do not take (32, 64, 96, 256 (session 44); 128 with code widths outside
-// their six; since session 60 also 1, 3, 5, 6 and 7 bits, both sides the same width), where
+// their six; since session 60 also 1, 3, 5, 6 and 7 bits, both sides the same width; since session
+// 63, at head dim 128, every other pair of key widths 1-8 and value widths 1-7 through one kernel
+// that reads them at run time: kAnyWidth), where
 // attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
 // token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
 //
@@ -82,6 +84,73 @@ __device__ __forceinline__ void team_barrier(int team) {
   asm volatile("bar.sync %0, 64;" ::"r"(1 + team) : "memory");
 }
 
+// Code widths read at run time (KB or VB kAnyWidth): the kernel for the pairs of widths that have no
+// kernel of their own, at head dim 128 only (kAnyWidthsD; session 63). Each width-dependent step of a
+// tile (the loads of a side's codes, the scores, the value products) is a switch over the side's
+// width (with_width: warp-uniform, once a tile and side), whose cases are the fixed-width kernels'
+// code; the tile's codes are held in registers for the widest case (key_store_bits,
+// value_store_bits), of which a case uses the first words.
+constexpr int kAnyWidth = 0;
+constexpr int kAnyWidthsD = 128;
+constexpr int key_store_bits(int KB) { return KB == kAnyWidth ? kMaxKeyBits : KB; }
+constexpr int value_store_bits(int VB) { return VB == kAnyWidth ? kMaxValueBits : VB; }
+
+// f(the side's width as an integral constant): W where it is fixed, else the run-time width w (1 to
+// MAX; the host sends no other).
+template <int W, int MAX, typename F>
+__device__ __forceinline__ void with_width(int w, F&& f) {
+  using std::integral_constant;
+  if constexpr (W != kAnyWidth) {
+    f(integral_constant<int, W>{});
+  } else {
+    static_assert(MAX == 7 || MAX == 8, "widths 1 to 7 or 8");
+    switch (w) {
+      case 1: f(integral_constant<int, 1>{}); break;
+      case 2: f(integral_constant<int, 2>{}); break;
+      case 3: f(integral_constant<int, 3>{}); break;
+      case 4: f(integral_constant<int, 4>{}); break;
+      case 5: f(integral_constant<int, 5>{}); break;
+      case 6: f(integral_constant<int, 6>{}); break;
+      case 7: f(integral_constant<int, 7>{}); break;
+      default:
+        if constexpr (MAX == 8) f(integral_constant<int, 8>{});
+        break;
+    }
+  }
+}
+
+// The channel of a k-step that lane t's q slot j holds (key_channel) at the keys' width.
+template <int KB>
+__device__ __forceinline__ int key_channel_of(int kb, int t, int j) {
+  if constexpr (KB != kAnyWidth) return key_channel<KB>(t, j);
+  else return key_bytes_whole(kb) ? key_channel<2>(t, j) : key_channel<3>(t, j);  // (two placements: whole bytes or not)
+}
+
+// The first words of a register array as a Raw of fewer bytes (a fixed width's view of the any-width
+// kernel's storage; the same array where the sizes agree), and the other way.
+template <int TO, int FROM>
+__device__ __forceinline__ Raw<TO> raw_prefix(const Raw<FROM>& r) {
+  if constexpr (TO == FROM) {
+    return r;
+  } else {
+    static_assert(TO < FROM, "a prefix");
+    Raw<TO> x;
+#pragma unroll
+    for (int i = 0; i < Raw<TO>::kWords; ++i) x.w[i] = r.w[i];
+    return x;
+  }
+}
+template <int TO, int FROM>
+__device__ __forceinline__ void store_prefix(Raw<TO>& dst, const Raw<FROM>& r) {
+  if constexpr (TO == FROM) {
+    dst = r;
+  } else {
+    static_assert(FROM < TO, "a prefix");
+#pragma unroll
+    for (int i = 0; i < Raw<FROM>::kWords; ++i) dst.w[i] = r.w[i];
+  }
+}
+
 template <int KB, int VB, int META, int D, int GS>
 struct TileLayout {
   static constexpr int kH = tc_warps_a_tile(D);  // warps a tile
@@ -91,17 +160,19 @@ struct TileLayout {
   static constexpr int kNG = kDW / GS;           // metadata groups a warp (both sides)
   static constexpr int kRowNG = D / GS;          // metadata groups a row
   static constexpr int kNTG = GS / 8;            // value n-tiles a group
-  static constexpr int kKRow = D * KB / 8;       // bytes of a key row
-  static constexpr int kKW = kDW * KB / 8;       // bytes of a warp's part of a key row
-  static constexpr int kVRow = D * VB / 8;       // bytes of a value row
-  using VC = ValueChunk<VB, GS>;                 // a lane's value chunk of a group
-  static constexpr int kCV = VC::kBytes;         // its bytes as ValuePair takes them
+  // the registers a tile's codes take (the widths' own sizes; with a width read at run time, the
+  // widest case's): a warp's part of a key row (bytes), a lane's value chunk of a group (bytes, as
+  // ValuePair takes them). A row is D * bits / 8 bytes.
+  static constexpr int kKB = key_store_bits(KB), kVB = value_store_bits(VB);
+  static constexpr int kKW = kDW * kKB / 8;
+  static constexpr int kCV = ValueChunk<kVB, GS>::kBytes;
   // a lane's metadata of a token pair (2t, 2t + 1): one load of both tokens' groups (kMT = 1), or
   // with two warps a row one load a token of the warp's groups (kMT = 2), of kMW bytes each
   static constexpr int kMT = kH;
   static constexpr int kMW = (kH == 1 ? 2 : 1) * kNG * kMb;
   static_assert(D % (GS * kH) == 0 && GS % 16 == 0, "whole groups of whole k-steps");
-  static_assert(tc_chunk_ok(GS, VB), "a value group's packed segment whole words");
+  static_assert(tc_chunk_ok(GS, kVB), "a value group's packed segment whole words");
+  static_assert((KB != kAnyWidth && VB != kAnyWidth) || D == kAnyWidthsD, "widths read at run time at kAnyWidthsD only");
 };
 
 // Where a lane's loads of every tile start within a window slot (row 0 of its (b, h)), as byte
@@ -113,15 +184,21 @@ struct TileLayout {
 template <int KB, int VB, int META, int D, int GS>
 struct LaneBase {
   using L = TileLayout<KB, VB, META, D, GS>;
-  using VC = typename L::VC;
-  unsigned k, v, m;
-  int vshift, vwords;
-  __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t, int half)
-      : vshift(VC::shift(g)), vwords(VC::words(g)) {
+  unsigned k = 0, v = 0, m = 0;
+  int vshift = 0, vwords = 0;
+  __device__ __forceinline__ LaneBase(const AttnParams& p, std::int64_t bh, int g, int t, int half) {
     const std::int64_t r = bh * p.window;
-    const int chunk = VC::kByWords ? 4 * VC::first_word(g) : g * L::kCV;
-    k = static_cast<unsigned>((r + g) * L::kKRow + half * L::kKW);
-    v = static_cast<unsigned>((r + 2 * t) * L::kVRow + chunk + half * (L::kDW * VB / 8));
+    with_width<KB, kMaxKeyBits>(p.k.bits, [&](auto kb) {
+      constexpr int KBc = decltype(kb)::value;
+      k = static_cast<unsigned>((r + g) * (D * KBc / 8) + half * (L::kDW * KBc / 8));
+    });
+    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+      constexpr int VBc = decltype(vb)::value;
+      using VC = ValueChunk<VBc, GS>;
+      vshift = VC::shift(g), vwords = VC::words(g);
+      const int chunk = VC::kByWords ? 4 * VC::first_word(g) : g * VC::kBytes;
+      v = static_cast<unsigned>((r + 2 * t) * (D * VBc / 8) + chunk + half * (L::kDW * VBc / 8));
+    });
     m = static_cast<unsigned>((r + 2 * t) * (L::kRowNG * L::kMb) + half * (L::kNG * L::kMb));
   }
 };
@@ -151,34 +228,45 @@ struct TileRaw {
   Raw<L::kMW> klo[2][L::kMT], ksc[2][L::kMT], vlo[2][L::kMT], vsc[2][L::kMT];
   Raw<L::kCV> v[4][L::kNG];
   __device__ __forceinline__ void load(const AttnParams& p, const Base& lb, const TileCursor& c) {
-    const unsigned char* kc = p.k.codes + c.ok + (lb.k + static_cast<unsigned>(c.row) * L::kKRow);
-    const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * L::kVRow);
     const std::int64_t mo = c.om + (lb.m + static_cast<unsigned>(c.row) * (L::kRowNG * L::kMb));
+    with_width<KB, kMaxKeyBits>(p.k.bits, [&](auto kb) {  // (the metadata's loads in each case: the same order as with a fixed width)
+      constexpr int KBc = decltype(kb)::value, kRow = D * KBc / 8;
+      const unsigned char* kc = p.k.codes + c.ok + (lb.k + static_cast<unsigned>(c.row) * kRow);
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      k[n].load(kc + 8 * n * L::kKRow);
+      for (int n = 0; n < 2; ++n) {
+        Raw<L::kDW * KBc / 8> row;
+        row.load(kc + 8 * n * kRow);
+        store_prefix(k[n], row);
 #pragma unroll
-      for (int x = 0; x < L::kMT; ++x) {
-        const int pr = (8 * n + x) * (L::kRowNG * L::kMb);
-        klo[n][x].load(p.k.lo + mo + pr), ksc[n][x].load(p.k.scale + mo + pr);
-        vlo[n][x].load(p.v.lo + mo + pr), vsc[n][x].load(p.v.scale + mo + pr);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-#pragma unroll
-      for (int gr = 0; gr < L::kNG; ++gr) {
-        const unsigned char* at = vc + (8 * (u / 2) + u % 2) * L::kVRow + gr * (GS * VB / 8);
-        if constexpr (L::VC::kByWords) {
-          unsigned w[L::VC::kWords];
-#pragma unroll
-          for (int i = 0; i < L::VC::kWords; ++i) w[i] = i == 0 || i < lb.vwords ? __ldg(reinterpret_cast<const unsigned*>(at) + i) : 0u;
-          v[u][gr] = L::VC::from_words(w, lb.vshift);
-        } else {
-          v[u][gr].load(at);
+        for (int x = 0; x < L::kMT; ++x) {
+          const int pr = (8 * n + x) * (L::kRowNG * L::kMb);
+          klo[n][x].load(p.k.lo + mo + pr), ksc[n][x].load(p.k.scale + mo + pr);
+          vlo[n][x].load(p.v.lo + mo + pr), vsc[n][x].load(p.v.scale + mo + pr);
         }
       }
-    }
+    });
+    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+      constexpr int VBc = decltype(vb)::value, kRow = D * VBc / 8;
+      using VC = ValueChunk<VBc, GS>;
+      const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * kRow);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+#pragma unroll
+        for (int gr = 0; gr < L::kNG; ++gr) {
+          const unsigned char* at = vc + (8 * (u / 2) + u % 2) * kRow + gr * (GS * VBc / 8);
+          if constexpr (VC::kByWords) {
+            unsigned w[VC::kWords];
+#pragma unroll
+            for (int i = 0; i < VC::kWords; ++i) w[i] = i == 0 || i < lb.vwords ? __ldg(reinterpret_cast<const unsigned*>(at) + i) : 0u;
+            store_prefix(v[u][gr], VC::from_words(w, lb.vshift));
+          } else {
+            Raw<VC::kBytes> x;
+            x.load(at);
+            store_prefix(v[u][gr], x);
+          }
+        }
+      }
+    });
   }
 };
 
@@ -240,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int c = half * L::kDW + 16 * ks + key_channel<KB>(t, j);
+      const int c = half * L::kDW + 16 * ks + key_channel_of<KB>(p.k.bits, t, j);
       qv[ks][j] = valid ? qrow[kperm ? kperm[c] : c] * qsc : 0.0f;
       amax = fmaxf(amax, fabsf(qv[ks][j]));
       qg[ks * 16 / GS] += qv[ks][j];
@@ -269,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       qa[ks][2 * pr + 1] = *reinterpret_cast<const unsigned*>(&lo);
     }
   }
-  const KeyLane<KB> klane(t);
+  const KeyLane<L::kKB> klane(t);  // (fixed key widths; the run-time widths make theirs a tile)
   const unsigned kone = opaque<0x3C003C00u>(), vone = opaque<0x3F803F80u>();
   // row g sees token T when T < lim (causal); none when the row is past the launch's
   const std::int64_t lim = valid ? p.kv_len - (p.Sq - 1 - qi) : 0;
@@ -292,26 +380,34 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   const auto tile = [&](const TileRaw<KB, VB, META, D, GS>& raw, std::int64_t t0, auto masked) {
     constexpr bool MASKED = decltype(masked)::value;
     float s[2][2];
+    with_width<KB, kMaxKeyBits>(p.k.bits, [&](auto kb) {
+      constexpr int KBc = decltype(kb)::value, kW = L::kDW * KBc / 8;
+      const KeyLane<KBc> kl = [&] {
+        if constexpr (KB == kAnyWidth) return KeyLane<KBc>(t);
+        else return klane;
+      }();
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      float acc[NG][4];
+      for (int n = 0; n < 2; ++n) {
+        float acc[NG][4];
 #pragma unroll
-      for (int gr = 0; gr < NG; ++gr) acc[gr][0] = acc[gr][1] = acc[gr][2] = acc[gr][3] = 0.0f;
-      key_steps<KB, KS>(raw.k[n].w, klane, kone, [&](int ks, unsigned b0, unsigned b1) { mma_f16(acc[ks * 16 / GS], qa[ks], b0, b1); });
+        for (int gr = 0; gr < NG; ++gr) acc[gr][0] = acc[gr][1] = acc[gr][2] = acc[gr][3] = 0.0f;
+        const Raw<kW> row = raw_prefix<kW>(raw.k[n]);
+        key_steps<KBc, KS>(row.w, kl, kone, [&](int ks, unsigned b0, unsigned b1) { mma_f16(acc[ks * 16 / GS], qa[ks], b0, b1); });
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float sc;
+        for (int i = 0; i < 2; ++i) {
+          float sc;
 #pragma unroll
-        for (int gr = 0; gr < NG; ++gr) {
-          const float sct = tile_meta<META, NG>(raw.ksc[n], i, gr) * static_cast<float>(1 << KB);
-          const float lot = tile_meta<META, NG>(raw.klo[n], i, gr) - sct;
-          const float term = fmaf(sct * up, acc[gr][i] + acc[gr][2 + i], lot * qg[gr]);
-          sc = gr == 0 ? term : sc + term;
+          for (int gr = 0; gr < NG; ++gr) {
+            const float sct = tile_meta<META, NG>(raw.ksc[n], i, gr) * static_cast<float>(1 << KBc);
+            const float lot = tile_meta<META, NG>(raw.klo[n], i, gr) - sct;
+            const float term = fmaf(sct * up, acc[gr][i] + acc[gr][2 + i], lot * qg[gr]);
+            sc = gr == 0 ? term : sc + term;
+          }
+          if constexpr (MASKED && H == 1) sc = visible(t0 + 8 * n + 2 * t + i) ? sc : -INFINITY;
+          s[n][i] = sc;
         }
-        if constexpr (MASKED && H == 1) sc = visible(t0 + 8 * n + 2 * t + i) ? sc : -INFINITY;
-        s[n][i] = sc;
       }
-    }
+    });
     if constexpr (H == 2) {  // the other half's partial sums (the same lane of the team's other warp)
       xch[(parity * kWarps + warp) * 32 + lane] = make_float4(s[0][0], s[0][1], s[1][0], s[1][1]);
       team_barrier(team);
@@ -348,33 +444,37 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       m = mnew;
     }
     // values, group by group
+    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+      constexpr int VBc = decltype(vb)::value, CV = ValueChunk<VBc, GS>::kBytes;
 #pragma unroll
-    for (int gr = 0; gr < NG; ++gr) {
-      float w[2][2];
+      for (int gr = 0; gr < NG; ++gr) {
+        float w[2][2];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const float sct = tile_meta<META, NG>(raw.vsc[n], i, gr) * static_cast<float>(1 << VB);
-          const float lot = tile_meta<META, NG>(raw.vlo[n], i, gr) - sct;
-          if constexpr (MASKED) {
-            const bool on = pw[n][i] > 0.0f;
-            w[n][i] = on ? pw[n][i] * sct : 0.0f;
-            lacc[gr] = on ? fmaf(pw[n][i], lot, lacc[gr]) : lacc[gr];
-          } else {
-            w[n][i] = pw[n][i] * sct;
-            lacc[gr] = fmaf(pw[n][i], lot, lacc[gr]);
+          for (int i = 0; i < 2; ++i) {
+            const float sct = tile_meta<META, NG>(raw.vsc[n], i, gr) * static_cast<float>(1 << VBc);
+            const float lot = tile_meta<META, NG>(raw.vlo[n], i, gr) - sct;
+            if constexpr (MASKED) {
+              const bool on = pw[n][i] > 0.0f;
+              w[n][i] = on ? pw[n][i] * sct : 0.0f;
+              lacc[gr] = on ? fmaf(pw[n][i], lot, lacc[gr]) : lacc[gr];
+            } else {
+              w[n][i] = pw[n][i] * sct;
+              lacc[gr] = fmaf(pw[n][i], lot, lacc[gr]);
+            }
           }
         }
+        unsigned a[4];
+        split_bf16(w[0][0], w[0][1], a[0], a[1]);
+        split_bf16(w[1][0], w[1][1], a[2], a[3]);
+        const ValuePair<VBc, CV> lo(raw_prefix<CV>(raw.v[0][gr]), raw_prefix<CV>(raw.v[1][gr]));
+        const ValuePair<VBc, CV> hi(raw_prefix<CV>(raw.v[2][gr]), raw_prefix<CV>(raw.v[3][gr]));
+        [&]<int... I>(std::integer_sequence<int, I...>) {
+          (mma_bf16(o[gr][I], a, lo.template reg<I>(vone), hi.template reg<I>(vone)), ...);
+        }(std::make_integer_sequence<int, NTG>{});
       }
-      unsigned a[4];
-      split_bf16(w[0][0], w[0][1], a[0], a[1]);
-      split_bf16(w[1][0], w[1][1], a[2], a[3]);
-      const ValuePair<VB, L::kCV> lo(raw.v[0][gr], raw.v[1][gr]), hi(raw.v[2][gr], raw.v[3][gr]);
-      [&]<int... I>(std::integer_sequence<int, I...>) {
-        (mma_bf16(o[gr][I], a, lo.template reg<I>(vone), hi.template reg<I>(vone)), ...);
-      }(std::make_integer_sequence<int, NTG>{});
-    }
+    });
   };
   const auto take = [&](const TileRaw<KB, VB, META, D, GS>& raw, std::int64_t t0) {
     // (a row past the launch's is not masked: its q is zero and its partial never stored)
@@ -514,18 +614,48 @@ bool with_tc_widths(int kb, int vb, F&& f) {
   return true;
 }
 
-// f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true). (Every group
-// with_tc_shape takes has whole-word value segments at every width: TileLayout asserts it.)
+// The run-time widths' kernel at kAnyWidthsD: every metadata type at groups of 64 and 128 (229-255
+// registers, no spills), fp16 and e4m3 at groups of 32 (255 registers, 8 bytes of spills); not fp32
+// metadata at groups of 32, where the four groups' fp32 minima and scales of a tile beside the widest
+// case's codes spilled 700 bytes (ptxas, session 63; those pairs stay on the float kernel).
+constexpr bool tc_any_meta_ok(int meta, int group) { return meta != 1 || group != 32; }
+
+// Whether p's widths take the kernel at p's head dim and metadata: a pair with its own kernel, or at
+// kAnyWidthsD any pair of widths it can hold (the widths read at run time).
+bool tc_widths_take(const AttnParams& p) {
+  return tc_widths_ok(p.k.bits, p.v.bits) ||
+         (p.D == kAnyWidthsD && tc_any_widths_ok(p.k.bits, p.v.bits) && tc_any_meta_ok(p.meta, p.group));
+}
+
+// f(D, KB, VB, META, GS) as integral constants for p's shape (tc_shape_ok(p) true; KB = VB =
+// kAnyWidth: the widths read at run time). (Every group with_tc_shape takes has whole-word value
+// segments at every width: TileLayout asserts it.)
 template <typename F>
 void with_tc_kernel(const AttnParams& p, F&& f) {
+  bool found = false;
   const bool ok = with_tc_shape(p.D, p.group, [&](auto d, auto gs) {
-    with_tc_widths(p.k.bits, p.v.bits, [&](auto k, auto v) {
+    const auto by_meta = [&](auto k, auto v) {
+      found = true;
       if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
       else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
       else f(d, k, v, std::integral_constant<int, 2>{}, gs);
-    });
+    };
+    if (with_tc_widths(p.k.bits, p.v.bits, by_meta)) return;
+    if constexpr (decltype(d)::value == kAnyWidthsD) {
+      using Any = std::integral_constant<int, kAnyWidth>;
+      constexpr int G = decltype(gs)::value;
+      if (!tc_any_widths_ok(p.k.bits, p.v.bits) || !tc_any_meta_ok(p.meta, G)) return;
+      found = true;
+      if (p.meta == 0) f(d, Any{}, Any{}, std::integral_constant<int, 0>{}, gs);
+      else if (p.meta == 2) f(d, Any{}, Any{}, std::integral_constant<int, 2>{}, gs);
+      else if constexpr (tc_any_meta_ok(1, G)) f(d, Any{}, Any{}, std::integral_constant<int, 1>{}, gs);
+    }
   });
-  if (!ok) throw Error("skvq: cuda attend: the tensor-core general kernel does not take D=" + std::to_string(p.D));
+  if (!ok || !found) {
+    throw Error("skvq: cuda attend: the tensor-core general kernel does not take D=" + std::to_string(p.D) + " group=" +
+                std::to_string(p.group) + " with " + std::to_string(p.k.bits) + "-bit keys and " + std::to_string(p.v.bits) +
+                "-bit values");
+  }
 }
 
 }  // namespace
@@ -534,7 +664,7 @@ bool tc_shape_ok(const AttnParams& p) {
   static const bool off = env_switch("SKVQ_CUDA_GENERAL") == "float";
   if (off || p.q_end <= 0 || p.window % kTok != 0) return false;
   if (p.D != p.Dv || p.group != p.group_v) return false;
-  if (!tc_widths_ok(p.k.bits, p.v.bits)) return false;
+  if (!tc_widths_take(p)) return false;
   return with_tc_shape(p.D, p.group, [](auto, auto) {});
 }
 

@@ -1,5 +1,5 @@
-// The code unpacking of the general path's tensor-core kernel (attend_tc.cu): packed key and value
-// codes of 1 to 7 bits into the fp16 / bf16 mantissas of its mma.sync B registers. Host and device
+// The code unpacking of the general path's tensor-core kernel (attend_tc.cu): packed key codes of 1
+// to 8 bits and value codes of 1 to 7 bits into the fp16 / bf16 mantissas of its mma.sync B registers. Host and device
 // share this code, so a host test (tests/test_cuda.cpp, CudaTcCodes.*) checks every width, lane and
 // k-step against the packed codes without a GPU.
 #pragma once
@@ -30,13 +30,19 @@ SKVQ_HD_INLINE unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
 #endif
 }
 
-// The code widths the kernel takes: 2 and 4 bits each side, and 1, 3, 5, 6 or 7 bits both sides
-// (session 60; the other pairs go to the float kernel, which keeps the number of kernels down; 8-bit
-// values would not fit a bf16's mantissa).
+// The code widths that have a kernel of their own: 2 and 4 bits each side, and 1, 3, 5, 6 or 7 bits
+// both sides (session 60).
 constexpr bool tc_widths_ok(int kb, int vb) {
   const bool whole = (kb == 2 || kb == 4) && (vb == 2 || vb == 4);
   return whole || (kb == vb && (kb == 1 || kb == 3 || kb == 5 || kb == 6 || kb == 7));
 }
+// The widths a side's codes may have in the kernel at all: keys 1 to 8 bits (fp16 1 + c / 2^KB holds
+// 8 bits exactly), values 1 to 7 (8-bit values would not fit a bf16's mantissa). At head dim 128 the
+// pairs without a kernel of their own (session 63) take one whose widths are read at run time
+// (attend_tc.cu, kAnyWidth); elsewhere they go to the float kernel, which keeps the number of
+// kernels down.
+constexpr int kMaxKeyBits = 8, kMaxValueBits = 7;
+constexpr bool tc_any_widths_ok(int kb, int vb) { return kb >= 1 && kb <= kMaxKeyBits && vb >= 1 && vb <= kMaxValueBits; }
 // A value group's packed segment of a row (GS VB / 8 bytes) is whole 32-bit words, so that it starts on
 // a word boundary (ValueChunk); lane chunks of any bit length then follow (whole bytes: Raw; other
 // lengths: ValueChunk::from_words).
@@ -112,8 +118,8 @@ SKVQ_HD_INLINE void key_frag(const unsigned (&w)[WORDS], int ks, unsigned sel, i
   }
 }
 
-// Key widths other than 2 and 4 bits (1, 3, 5, 6 and 7, session 60; at all but 1 bit codes cross
-// bytes): lane t holds channels t, t + 4, t + 8 and t + 12 of each k-step (q slots j = 0-3:
+// Key widths other than 2 and 4 bits (1, 3, 5, 6 and 7, session 60; 8, session 63; at 3, 5, 6 and 7
+// bits codes cross bytes): lane t holds channels t, t + 4, t + 8 and t + 12 of each k-step (q slots j = 0-3:
 // key_channel), so that after the row is shifted right by KB t bits once a tile (RowShifted: one
 // funnel shift a word) every code a lane takes sits at a compile-time bit of the shifted row:
 // channel 16 ks + t + 4 j at KB (16 ks + 4 j).
