@@ -466,6 +466,19 @@ StepTimes step_times(const OneShape& x, int B, int Hkv, std::int64_t T, const Se
   return r;
 }
 
+// One decode step of setting s (B, Hkv, T as OneShape): the project's fp16 kernel's time on the same
+// shape, the step's times (step_times) and the bytes it reads.
+struct DecodeRow {
+  double fp16;
+  StepTimes st;
+  double bytes;
+};
+DecodeRow decode_row(int B, int Hkv, std::int64_t T, const Setting& s) {
+  const OneShape x(B, Hkv, T, s);
+  const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
+  return {fp16, step_times(x, B, Hkv, T, s), static_cast<double>(x.cache->bytes_read_per_step())};
+}
+
 // Every code width (--widths): KbVb at groups of 128, b = 1 to 8 (3, 5, 6 and 7 through the general
 // path's tensor-core kernel, the others through the tuned ones), the flush of 32768 tokens of B=1
 // H=32 (search on and off) and one decode step at B=1 Hkv=8 and B=8 Hkv=8 over 32768 tokens, one call
@@ -486,10 +499,7 @@ void widths_table(double bw) {
                              flush_ms(make_config(s, false), in.ks[0], in.vs[0], FH, FT)};
     for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
       const std::int64_t T = 32768;
-      const OneShape x(B, Hkv, T, s);
-      const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
-      const StepTimes st = step_times(x, B, Hkv, T, s);
-      const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
+      const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
       std::printf("| %d | %.3f / %.3f | %.1f%% / %.1f%% | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", bits, flush[0], flush[1],
                   100 * fgb / (flush[0] * 1e-3) * 1e9 / bw, 100 * fgb / (flush[1] * 1e-3) * 1e9 / bw, B, Hkv, static_cast<long long>(T), fp16,
                   st.one_ms, st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
@@ -515,10 +525,7 @@ void pairs_table(double bw) {
   for (const Setting& s : pairs) {
     for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
       const std::int64_t T = 32768;
-      const OneShape x(B, Hkv, T, s);
-      const double fp16 = time_ms(20, [&] { cuda::attend_dense_fp16(x.q, x.k, x.v, x.out, B, 32, Hkv, 1, T, 128, 128, 0.088f); });
-      const StepTimes st = step_times(x, B, Hkv, T, s);
-      const double bytes = static_cast<double>(x.cache->bytes_read_per_step());
+      const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
       std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
                   st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
       std::printf("RESULT pairs setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
