@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -430,7 +431,7 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
 
 // The general tensor-core kernel's code unpacking (cuda/tc_codes.hpp) on the host, from rows packed
 // as the store packs them (ref::pack_codes), at every width the kernel takes (tc_any_widths_ok: keys
-// 1 to 8 bits, values 1 to 7; a pair of them has a kernel of its own (tc_widths_ok) or, at head dim
+// 1 to 8 bits, values 1 to 8; a pair of them has a kernel of its own (tc_widths_ok) or, at head dim
 // 128, the kernel whose widths are read at run time, whose cases are these same steps). Keys:
 // for every width and every warp's share of a row (32 to 128 channels), each lane's B registers of
 // each k-step must hold fp16 1 + c / 2^KB of the channels key_channel gives its q slots (b0's
@@ -438,7 +439,8 @@ TEST(Cuda, CertifiedClipChoiceRefusesTies) {
 // channels once. Values: for every width and group (lane chunks of 4 bits to 14 bytes, whole
 // bytes or not), lane g's register of n-tile i must hold bf16 1 + c / 2^VB of channel g GS / 8 + i
 // of the group, the first token's in its low half and the second's in its high half, from the chunk
-// as the kernel loads it (tc_value_chunk). Random codes and the extremes (all 0, all 2^b - 1).
+// as the kernel loads it (tc_value_chunk); at 8 bits, c = 16 h + l, the register 1 + h / 16 and the
+// low plane's 2^-4 (1 + l / 16). Random codes and the extremes (all 0, all 2^b - 1).
 // Needs no GPU.
 namespace tcc = cuda::tc;
 
@@ -535,10 +537,28 @@ void check_tc_values(std::mt19937& rng) {
         const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
         for (int i = 0; i < kNTG; ++i) {
           const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
-          EXPECT_EQ(reg[i] & 0xFFFFu, 0x3F80u | (static_cast<unsigned>(c0[c]) << (7 - VB)))
-              << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (first token)";
-          EXPECT_EQ(reg[i] >> 16, 0x3F80u | (static_cast<unsigned>(c1[c]) << (7 - VB)))
-              << "VB " << VB << " group " << GS << " trial " << trial << " lane " << g << " n-tile " << i << " (second token)";
+          for (int tok = 0; tok < 2; ++tok) {
+            const unsigned code = (tok == 0 ? c0 : c1)[c], half = (reg[i] >> (16 * tok)) & 0xFFFFu;
+            const std::string at = "VB " + std::to_string(VB) + " group " + std::to_string(GS) + " trial " + std::to_string(trial) +
+                                   " lane " + std::to_string(g) + " n-tile " + std::to_string(i) + " token " + std::to_string(tok);
+            if constexpr (VB == 8) {
+              EXPECT_EQ(half, 0x3F80u | ((code >> 4) << 3)) << at << " (high plane)";
+            } else {
+              EXPECT_EQ(half, 0x3F80u | (code << (7 - VB))) << at;
+            }
+          }
+        }
+        if constexpr (VB == 8) {  // the low plane: 2^-4 (1 + l / 16), and the two planes' sum 1 + 2^-4 + c / 2^8
+          const unsigned low[] = {vp.template reg_low<I>(tcc::kLowPlaneOne)...};
+          for (int i = 0; i < kNTG; ++i) {
+            const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
+            for (int tok = 0; tok < 2; ++tok) {
+              const unsigned code = (tok == 0 ? c0 : c1)[c], lh = (low[i] >> (16 * tok)) & 0xFFFFu, hh = (reg[i] >> (16 * tok)) & 0xFFFFu;
+              EXPECT_EQ(lh, 0x3D80u | ((code & 0xFu) << 3)) << "group " << GS << " lane " << g << " n-tile " << i << " token " << tok;
+              const auto bf16 = [](unsigned b) { return std::bit_cast<float>(b << 16); };
+              EXPECT_EQ(bf16(hh) + bf16(lh), 1.0f + 0.0625f + static_cast<float>(code) / 256.0f) << "code " << code;
+            }
+          }
         }
       }(std::make_integer_sequence<int, kNTG>{});
     }
@@ -556,21 +576,22 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
   std::mt19937 rng(61);
   check_tc_width<1>(rng), check_tc_width<2>(rng), check_tc_width<3>(rng), check_tc_width<4>(rng);
   check_tc_width<5>(rng), check_tc_width<6>(rng), check_tc_width<7>(rng);
-  // 8-bit keys (the run-time widths' kernel takes them beside values of 1 to 7 bits)
+  // 8-bit keys and values (the run-time widths' kernel takes them: session 63 keys, 64 values as two
+  // planes), at the groups that kernel has (32, 64, 128) and 96
   check_tc_keys<8, 32>(rng), check_tc_keys<8, 64>(rng), check_tc_keys<8, 96>(rng), check_tc_keys<8, 128>(rng);
-  EXPECT_FALSE(tcc::tc_widths_ok(8, 8));  // 8-bit values would not fit a bf16's mantissa
-  EXPECT_FALSE(tcc::tc_any_widths_ok(8, 8));
-  EXPECT_FALSE(tcc::tc_any_widths_ok(2, 8));
+  check_tc_values<8, 32>(rng), check_tc_values<8, 64>(rng), check_tc_values<8, 96>(rng), check_tc_values<8, 128>(rng);
+  EXPECT_FALSE(tcc::tc_widths_ok(8, 8));  // no kernel of their own (8-bit values only in the run-time widths' one)
   EXPECT_FALSE(tcc::tc_widths_ok(3, 2));  // mixed pairs other than 2 and 4: no kernel of their own
   for (int kb = 1; kb <= 8; ++kb) {
-    for (int vb = 1; vb <= 7; ++vb) EXPECT_TRUE(tcc::tc_any_widths_ok(kb, vb)) << "K" << kb << "V" << vb;
+    for (int vb = 1; vb <= 8; ++vb) EXPECT_TRUE(tcc::tc_any_widths_ok(kb, vb)) << "K" << kb << "V" << vb;
     EXPECT_FALSE(tcc::tc_any_widths_ok(kb, 0));
+    EXPECT_FALSE(tcc::tc_any_widths_ok(kb, 9));
   }
   EXPECT_FALSE(tcc::tc_any_widths_ok(0, 2));
   EXPECT_FALSE(tcc::tc_any_widths_ok(9, 2));
   // every width at every group the kernel's shapes have (32, 64, 96, 128): a group's segment whole
   // words; not so at 16 channels of an odd width
-  for (int b = 1; b <= 7; ++b) {
+  for (int b = 1; b <= 8; ++b) {
     for (int gs : {32, 64, 96, 128}) EXPECT_TRUE(tcc::tc_chunk_ok(gs, b)) << "VB " << b << " group " << gs;
   }
   EXPECT_FALSE(tcc::tc_chunk_ok(16, 3));
@@ -1085,7 +1106,7 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {32, 16, 3, 32, 5, 5, MetaType::fp8_e4m3, true},
       {256, 32, 5, 32, 3, 3, MetaType::fp16, true},       // two warps a tile
       // the other pairs at head dim 128 (session 63): the kernel that reads the widths at run time,
-      // every key width 1-8 and value width 1-7 among them, at groups of 32, 64 and 128
+      // every key width 1-8 and value width 1-8 among them, at groups of 32, 64 and 128
       {128, 128, 5, 128, 3, 2, MetaType::fp16, true},
       {128, 64, 2, 32, 2, 3, MetaType::fp8_e4m3, true},
       {128, 64, 5, 64, 8, 2, MetaType::fp32, true},
@@ -1097,6 +1118,12 @@ TEST(Cuda, GeneralTensorCoreKernelMatchesTheCpuCache) {
       {128, 64, 5, 128, 4, 6, MetaType::fp16, true},
       {128, 16, 3, 64, 1, 2, MetaType::fp16, true},
       {128, 64, 5, 32, 3, 2, MetaType::fp32, true},  // (fp32 metadata at groups of 32: the float kernel)
+      // 8-bit values beside other key widths (session 64: two 4-bit planes)
+      {128, 128, 5, 128, 4, 8, MetaType::fp16, true},
+      {128, 64, 2, 32, 2, 8, MetaType::fp8_e4m3, true},
+      {128, 64, 5, 64, 7, 8, MetaType::fp32, true},
+      {128, 32, 0, 128, 1, 8, MetaType::fp16, false},
+      {128, 64, 3, 32, 8, 8, MetaType::fp16, true},  // (the tuned kernels' unless SKVQ_CUDA_BODY=general)
   };
   std::uint32_t seed = 4300;
   for (const Case& c : cases) {

@@ -1,7 +1,7 @@
 // The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
 // kernels of attend.cu do not take (32, 64, 96, 256 (session 44); 128 with code widths outside
 // their six; since session 60 also 1, 3, 5, 6 and 7 bits, both sides the same width; since session
-// 63, at head dim 128, every other pair of key widths 1-8 and value widths 1-7 through one kernel
+// 63, at head dim 128, every other pair of key widths 1-8 and value widths 1-8 (8 since session 64) through one kernel
 // that reads them at run time: kAnyWidth), where
 // attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
 // token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
@@ -28,6 +28,9 @@
 // channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
 // g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the
 // values' codes as bf16 f = 1 + c / 2^VB (exact for VB <= 7); sum(p lot) goes alongside in float.
+// 8-bit values (session 64, the run-time widths' kernel) take two MMAs with the same A: B the
+// codes' high nibbles as 1 + h / 16, then their low nibbles as 2^-4 (1 + l / 16) (ValuePair), whose
+// sum is f + 2^-4; the token's offset takes the 2^-4 (lot - sct / 16).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -359,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   }
   const KeyLane<L::kKB> klane(t);  // (fixed key widths; the run-time widths make theirs a tile)
   const unsigned kone = opaque<0x3C003C00u>(), vone = opaque<0x3F803F80u>();
+  [[maybe_unused]] const unsigned vlow = VB == kAnyWidth ? opaque<kLowPlaneOne>() : 0u;  // (8-bit values' low plane)
   // row g sees token T when T < lim (causal); none when the row is past the launch's
   const std::int64_t lim = valid ? p.kv_len - (p.Sq - 1 - qi) : 0;
 
@@ -454,7 +458,8 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             const float sct = tile_meta<META, NG>(raw.vsc[n], i, gr) * static_cast<float>(1 << VBc);
-            const float lot = tile_meta<META, NG>(raw.vlo[n], i, gr) - sct;
+            float lot = tile_meta<META, NG>(raw.vlo[n], i, gr) - sct;
+            if constexpr (VBc == 8) lot -= sct * 0.0625f;  // (the two planes' extra 2^-4)
             if constexpr (MASKED) {
               const bool on = pw[n][i] > 0.0f;
               w[n][i] = on ? pw[n][i] * sct : 0.0f;
@@ -472,6 +477,9 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
         const ValuePair<VBc, CV> hi(raw_prefix<CV>(raw.v[2][gr]), raw_prefix<CV>(raw.v[3][gr]));
         [&]<int... I>(std::integer_sequence<int, I...>) {
           (mma_bf16(o[gr][I], a, lo.template reg<I>(vone), hi.template reg<I>(vone)), ...);
+          if constexpr (VBc == 8) {  // the low nibbles
+            (mma_bf16(o[gr][I], a, lo.template reg_low<I>(vlow), hi.template reg_low<I>(vlow)), ...);
+          }
         }(std::make_integer_sequence<int, NTG>{});
       }
     });

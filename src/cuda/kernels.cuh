@@ -25,7 +25,7 @@ void launch_general(const AttnParams& p, bool dense, void* out, cudaStream_t str
 // The general path's tensor-core kernel for the packed body (attend_tc.cu): tc_shape_ok says whether
 // it takes p's shape (head dims 32, 64, 96, 128 or 256 for keys and values alike, codes of 2 or 4
 // bits a side or of 1, 3, 5, 6 or 7 bits both sides, and at head dim 128 any other pair of 1-8-bit
-// keys and 1-7-bit values (their widths read at run time), metadata groups of 32, 64 or 128 dividing the row or 96 at head dim 96, the window a
+// keys and 1-8-bit values (their widths read at run time), metadata groups of 32, 64 or 128 dividing the row or 96 at head dim 96, the window a
 // multiple of 16, packed rows present; SKVQ_CUDA_GENERAL=float: never), plan_tc sets p's splits
 // for it, launch_tc enqueues it (launch_general does, and the exact tokens' splits and the combine
 // after it).

@@ -1,5 +1,6 @@
 // The code unpacking of the general path's tensor-core kernel (attend_tc.cu): packed key codes of 1
-// to 8 bits and value codes of 1 to 7 bits into the fp16 / bf16 mantissas of its mma.sync B registers. Host and device
+// to 8 bits and value codes of 1 to 8 bits (8-bit values as two 4-bit planes) into the fp16 / bf16
+// mantissas of its mma.sync B registers. Host and device
 // share this code, so a host test (tests/test_cuda.cpp, CudaTcCodes.*) checks every width, lane and
 // k-step against the packed codes without a GPU.
 #pragma once
@@ -37,11 +38,12 @@ constexpr bool tc_widths_ok(int kb, int vb) {
   return whole || (kb == vb && (kb == 1 || kb == 3 || kb == 5 || kb == 6 || kb == 7));
 }
 // The widths a side's codes may have in the kernel at all: keys 1 to 8 bits (fp16 1 + c / 2^KB holds
-// 8 bits exactly), values 1 to 7 (8-bit values would not fit a bf16's mantissa). At head dim 128 the
-// pairs without a kernel of their own (session 63) take one whose widths are read at run time
+// 8 bits exactly), values 1 to 8 (bf16 1 + c / 2^VB up to 7 bits; 8-bit values, whose codes would not
+// fit a bf16's mantissa, as two 4-bit planes: ValuePair). At head dim 128 the pairs without a kernel
+// of their own (session 63; 8-bit values session 64) take one whose widths are read at run time
 // (attend_tc.cu, kAnyWidth); elsewhere they go to the float kernel, which keeps the number of
 // kernels down.
-constexpr int kMaxKeyBits = 8, kMaxValueBits = 7;
+constexpr int kMaxKeyBits = 8, kMaxValueBits = 8;
 constexpr bool tc_any_widths_ok(int kb, int vb) { return kb >= 1 && kb <= kMaxKeyBits && vb >= 1 && vb <= kMaxValueBits; }
 // A value group's packed segment of a row (GS VB / 8 bytes) is whole 32-bit words, so that it starts on
 // a word boundary (ValueChunk); lane chunks of any bit length then follow (whole bytes: Raw; other
@@ -225,7 +227,11 @@ struct ValueChunk {
 
 // Value n-tile i of a metadata group: lane g's column is channel g * (GS / 8) + i of the group,
 // its chunk of the group (GS / 8 codes, bits [g GS / 8 VB, ..)). From the chunks of two tokens
-// (c0: the low half of the register, c1: the high), the bf16 pair 1 + c / 2^VB.
+// (c0: the low half of the register, c1: the high), the bf16 pair 1 + c / 2^VB (reg). At 8 bits,
+// whose codes a bf16 mantissa cannot hold, c = 16 h + l is taken as two planes: reg gives
+// 1 + h / 16 and reg_low 2^-4 (1 + l / 16) (both exact in bf16), whose sum is 1 + 2^-4 + c / 2^8:
+// the kernel multiplies both by the same weights and moves the 2^-4 into the token's offset.
+constexpr unsigned kLowPlaneOne = 0x3D803D80u;  // bf16 2^-4 in both halves
 template <int VB, int CVB>
 struct ValuePair {
   static constexpr int kHalves = (CVB + 1) / 2;
@@ -240,6 +246,26 @@ struct ValuePair {
   }
   template <int I>
   SKVQ_HD_INLINE unsigned reg(unsigned one) const {  // one: bf16 1.0 twice, opaque
+    if constexpr (VB == 8) return nibble<I, 4>(one);
+    else return packed<I>(one);
+  }
+  // 8 bits: the low plane, 2^-4 (1 + l / 16) (one_low: bf16 2^-4 twice, kLowPlaneOne, opaque)
+  template <int I>
+  SKVQ_HD_INLINE unsigned reg_low(unsigned one_low) const {
+    static_assert(VB == 8, "two planes at 8 bits only");
+    return nibble<I, 0>(one_low);
+  }
+
+ private:
+  // the 4 bits at bit AT of code I's byte into the top of both halves' mantissas (I's byte lies in one halfword)
+  template <int I, int AT>
+  SKVQ_HD_INLINE unsigned nibble(unsigned base) const {
+    constexpr int h = I / 2, pos = 8 * (I % 2) + AT;
+    constexpr unsigned kMask = 0xFu << 3;
+    return (shift<3 - pos>(x[h]) & (kMask | (kMask << 16))) | base;
+  }
+  template <int I>
+  SKVQ_HD_INLINE unsigned packed(unsigned one) const {
     constexpr int bit = I * VB, h = bit / 16, pos = bit % 16;
     constexpr unsigned kMask = ((1u << VB) - 1u) << (7 - VB);
     if constexpr (pos + VB <= 16) {
