@@ -92,11 +92,14 @@ __device__ __forceinline__ void team_barrier(int team) {
 // tile (the loads of a side's codes, the scores, the value products) is a switch over the side's
 // width (with_width: warp-uniform, once a tile and side), whose cases are the fixed-width kernels'
 // code; the tile's codes are held in registers for the widest case (key_store_bits,
-// value_store_bits), of which a case uses the first words.
+// value_store_bits), of which a case uses the first words. Values read at run time are 1 to 7 bits
+// (kAnyValueBits); 8-bit values beside keys read at run time have a build of their own (VB 8, session
+// 64: inside the run-time values' switch their two planes slowed 7-bit values at groups of 64 by 15%).
 constexpr int kAnyWidth = 0;
 constexpr int kAnyWidthsD = 128;
+constexpr int kAnyValueBits = 7;
 constexpr int key_store_bits(int KB) { return KB == kAnyWidth ? kMaxKeyBits : KB; }
-constexpr int value_store_bits(int VB) { return VB == kAnyWidth ? kMaxValueBits : VB; }
+constexpr int value_store_bits(int VB) { return VB == kAnyWidth ? kAnyValueBits : VB; }
 
 // f(the side's width as an integral constant): W where it is fixed, else the run-time width w (1 to
 // MAX; the host sends no other).
@@ -195,7 +198,7 @@ struct LaneBase {
       constexpr int KBc = decltype(kb)::value;
       k = static_cast<unsigned>((r + g) * (D * KBc / 8) + half * (L::kDW * KBc / 8));
     });
-    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+    with_width<VB, kAnyValueBits>(p.v.bits, [&](auto vb) {
       constexpr int VBc = decltype(vb)::value;
       using VC = ValueChunk<VBc, GS>;
       vshift = VC::shift(g), vwords = VC::words(g);
@@ -248,7 +251,7 @@ struct TileRaw {
         }
       }
     });
-    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+    with_width<VB, kAnyValueBits>(p.v.bits, [&](auto vb) {
       constexpr int VBc = decltype(vb)::value, kRow = D * VBc / 8;
       using VC = ValueChunk<VBc, GS>;
       const unsigned char* vc = p.v.codes + c.ov + (lb.v + static_cast<unsigned>(c.row) * kRow);
@@ -362,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
   }
   const KeyLane<L::kKB> klane(t);  // (fixed key widths; the run-time widths make theirs a tile)
   const unsigned kone = opaque<0x3C003C00u>(), vone = opaque<0x3F803F80u>();
-  [[maybe_unused]] const unsigned vlow = VB == kAnyWidth ? opaque<kLowPlaneOne>() : 0u;  // (8-bit values' low plane)
+  [[maybe_unused]] const unsigned vlow = VB == 8 ? opaque<kLowPlaneOne>() : 0u;  // (8-bit values' low plane)
   // row g sees token T when T < lim (causal); none when the row is past the launch's
   const std::int64_t lim = valid ? p.kv_len - (p.Sq - 1 - qi) : 0;
 
@@ -448,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, tc_min_blocks<KB, META, D, GS>()) tc
       m = mnew;
     }
     // values, group by group
-    with_width<VB, kMaxValueBits>(p.v.bits, [&](auto vb) {
+    with_width<VB, kAnyValueBits>(p.v.bits, [&](auto vb) {
       constexpr int VBc = decltype(vb)::value, CV = ValueChunk<VBc, GS>::kBytes;
 #pragma unroll
       for (int gr = 0; gr < NG; ++gr) {
@@ -654,9 +657,13 @@ void with_tc_kernel(const AttnParams& p, F&& f) {
       constexpr int G = decltype(gs)::value;
       if (!tc_any_widths_ok(p.k.bits, p.v.bits) || !tc_any_meta_ok(p.meta, G)) return;
       found = true;
-      if (p.meta == 0) f(d, Any{}, Any{}, std::integral_constant<int, 0>{}, gs);
-      else if (p.meta == 2) f(d, Any{}, Any{}, std::integral_constant<int, 2>{}, gs);
-      else if constexpr (tc_any_meta_ok(1, G)) f(d, Any{}, Any{}, std::integral_constant<int, 1>{}, gs);
+      const auto by_any_meta = [&](auto v) {
+        if (p.meta == 0) f(d, Any{}, v, std::integral_constant<int, 0>{}, gs);
+        else if (p.meta == 2) f(d, Any{}, v, std::integral_constant<int, 2>{}, gs);
+        else if constexpr (tc_any_meta_ok(1, G)) f(d, Any{}, v, std::integral_constant<int, 1>{}, gs);
+      };
+      if (p.v.bits == 8) by_any_meta(std::integral_constant<int, 8>{});  // (its own build: kAnyValueBits)
+      else by_any_meta(Any{});
     }
   });
   if (!ok || !found) {
