@@ -1,8 +1,8 @@
 // The general path's tensor-core kernel (session 43): the packed body at head dims the tuned
 // kernels of attend.cu do not take (32, 64, 96, 256 (session 44); 128 with code widths outside
 // their six; since session 60 also 1, 3, 5, 6 and 7 bits, both sides the same width; since session
-// 63, at head dim 128, every other pair of key widths 1-8 and value widths 1-8 (8 since session 64) through one kernel
-// that reads them at run time: kAnyWidth), where
+// 63, at head dim 128, every other pair of key widths 1-8 and value widths 1-8 through builds that
+// read them at run time: kAnyWidth; 8-bit values, since session 64, a build of their own), where
 // attend_general.cu's float kernel does 4 multiply-adds a channel and query row and repeats each
 // token's softmax on every lane of its group (it ran at 0.66-0.82x the fp16 kernel's speed).
 //
@@ -28,7 +28,7 @@
 // channels. A is the weights p * sct of the row's tokens split into two bf16 parts (rows g and
 // g + 8: p * sct to within 2^-18 of itself, with float32's exponent range: no scaling), B the
 // values' codes as bf16 f = 1 + c / 2^VB (exact for VB <= 7); sum(p lot) goes alongside in float.
-// 8-bit values (session 64, the run-time widths' kernel) take two MMAs with the same A: B the
+// 8-bit values (session 64, tc_kernel<kAnyWidth, 8, ...>) take two MMAs with the same A: B the
 // codes' high nibbles as 1 + h / 16, then their low nibbles as 2^-4 (1 + l / 16) (ValuePair), whose
 // sum is f + 2^-4; the token's offset takes the 2^-4 (lot - sct / 16).
 #include <algorithm>
