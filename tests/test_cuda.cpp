@@ -535,28 +535,22 @@ void check_tc_values(std::mt19937& rng) {
       const tcc::ValuePair<VB, kCV> vp(tc_value_chunk<VB, GS>(p0, g), tc_value_chunk<VB, GS>(p1, g));
       [&]<int... I>(std::integer_sequence<int, I...>) {
         const unsigned reg[] = {vp.template reg<I>(0x3F803F80u)...};
+        [[maybe_unused]] std::array<unsigned, kNTG> low{};  // 8 bits: the low plane
+        if constexpr (VB == 8) low = {vp.template reg_low<I>(tcc::kLowPlaneOne)...};
         for (int i = 0; i < kNTG; ++i) {
           const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
           for (int tok = 0; tok < 2; ++tok) {
             const unsigned code = (tok == 0 ? c0 : c1)[c], half = (reg[i] >> (16 * tok)) & 0xFFFFu;
             const std::string at = "VB " + std::to_string(VB) + " group " + std::to_string(GS) + " trial " + std::to_string(trial) +
                                    " lane " + std::to_string(g) + " n-tile " + std::to_string(i) + " token " + std::to_string(tok);
-            if constexpr (VB == 8) {
+            if constexpr (VB == 8) {  // high plane 1 + h / 16, low plane 2^-4 (1 + l / 16), their sum 1 + 2^-4 + c / 2^8
+              const unsigned lh = (low[static_cast<std::size_t>(i)] >> (16 * tok)) & 0xFFFFu;
               EXPECT_EQ(half, 0x3F80u | ((code >> 4) << 3)) << at << " (high plane)";
+              EXPECT_EQ(lh, 0x3D80u | ((code & 0xFu) << 3)) << at << " (low plane)";
+              const auto bf16 = [](unsigned b) { return std::bit_cast<float>(b << 16); };
+              EXPECT_EQ(bf16(half) + bf16(lh), 1.0f + 0.0625f + static_cast<float>(code) / 256.0f) << at << " (the planes' sum)";
             } else {
               EXPECT_EQ(half, 0x3F80u | (code << (7 - VB))) << at;
-            }
-          }
-        }
-        if constexpr (VB == 8) {  // the low plane: 2^-4 (1 + l / 16), and the two planes' sum 1 + 2^-4 + c / 2^8
-          const unsigned low[] = {vp.template reg_low<I>(tcc::kLowPlaneOne)...};
-          for (int i = 0; i < kNTG; ++i) {
-            const std::size_t c = static_cast<std::size_t>(g * kNTG + i);
-            for (int tok = 0; tok < 2; ++tok) {
-              const unsigned code = (tok == 0 ? c0 : c1)[c], lh = (low[i] >> (16 * tok)) & 0xFFFFu, hh = (reg[i] >> (16 * tok)) & 0xFFFFu;
-              EXPECT_EQ(lh, 0x3D80u | ((code & 0xFu) << 3)) << "group " << GS << " lane " << g << " n-tile " << i << " token " << tok;
-              const auto bf16 = [](unsigned b) { return std::bit_cast<float>(b << 16); };
-              EXPECT_EQ(bf16(hh) + bf16(lh), 1.0f + 0.0625f + static_cast<float>(code) / 256.0f) << "code " << code;
             }
           }
         }
