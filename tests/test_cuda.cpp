@@ -30,6 +30,7 @@
 #include "cuda/split_rule.hpp"
 #include "cuda/selfcheck.hpp"
 #include "cuda/tc_codes.hpp"
+#include "cuda/widen.hpp"
 #include "model/model.hpp"
 #include "model/runner.hpp"
 #include "ref/attention.hpp"
@@ -589,6 +590,40 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
     for (int gs : {32, 64, 96, 128}) EXPECT_TRUE(tcc::tc_chunk_ok(gs, b)) << "VB " << b << " group " << gs;
   }
   EXPECT_FALSE(tcc::tc_chunk_ok(16, 3));
+}
+
+// The token-major kernel's 3-bit codes widened to 4-bit ones a tile at a time (cuda/widen.hpp,
+// attn_tmma_kernel's SRC): every one of the 2^24 values of a word's eight codes, with the ignored top
+// byte set to anything, and rows of 128 codes packed by the CPU's packer, chunk by chunk.
+TEST(CudaWiden, ThreeBitCodesBecomeFourBitOnes) {
+  namespace w = skvq::cuda::widen;
+  static_assert(w::kFrom == 3 && w::kTo == 4);
+  std::uint32_t wrong = 0, first_bad = 0;
+  for (std::uint32_t x = 0; x < (1u << 24); ++x) {
+    const unsigned out = w::word(x | ((x * 2654435761u) & 0xFF000000u));
+    std::uint32_t want = 0;
+    for (int j = 0; j < 8; ++j) want |= ((x >> (3 * j)) & 7u) << (4 * j);
+    if (out != want && wrong++ == 0) first_bad = x;
+  }
+  EXPECT_EQ(wrong, 0u) << "first at x = " << first_bad;
+  std::mt19937 rng(65);
+  std::uniform_int_distribution<int> code(0, 7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::uint8_t> codes(128);
+    for (auto& c : codes) c = static_cast<std::uint8_t>(trial == 0 ? 7 : trial == 1 ? 0 : code(rng));
+    std::vector<std::uint8_t> packed(static_cast<std::size_t>(ref::packed_bytes(128, 3)), 0);
+    ASSERT_EQ(packed.size(), 4u * w::kChunkIn);
+    ref::pack_codes(codes.data(), 128, 3, packed.data());
+    for (int part = 0; part < 4; ++part) {
+      unsigned in[3], out[4];
+      std::memcpy(in, packed.data() + part * w::kChunkIn, sizeof in);
+      w::chunk(in, out);
+      for (int i = 0; i < 32; ++i) {
+        const unsigned got = (out[i / 8] >> (4 * (i % 8))) & 0xFu;
+        ASSERT_EQ(got, codes[static_cast<std::size_t>(32 * part + i)]) << "trial " << trial << " chunk " << part << " code " << i;
+      }
+    }
+  }
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA
@@ -1194,6 +1229,40 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
       expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 2, 3}, what);  // 4 rows a KV head
       expect_splits_match(cpu, gpu, k, v, len, 4, 2, {1, 2}, what);        // 2 heads x 2 tokens (causal)
       expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0, 1, 2, 3}, what);  // 1 row a KV head (the one-row form)
+    }
+  }
+}
+
+// 3-bit keys and values with 3 or 4 query rows a KV head decode through the token-major kernel on
+// codes widened to 4 bits a tile (tmma_widens; 1 and 2 rows through the general path's tensor-core
+// kernel beside them): groups of 32, 64 and 128, each metadata type, reorder on and off, windows that
+// are and are not a multiple of the tile, partial tiles, sinks, forced splits, causal rows (Sq = 2).
+// scripts/gpu.sh runs it again with SKVQ_CUDA_BODY=tmma (every row count through the kernel) and
+// with SKVQ_CUDA_WIDEN=0 (the general path throughout).
+TEST(Cuda, ThreeBitCodesOnTheTokenMajorKernel) {
+  REQUIRE_GPU();
+  struct W {
+    int window, group;
+    MetaType meta;
+    bool reorder;
+  };
+  for (const W& c : {W{128, 128, MetaType::fp16, true}, W{256, 64, MetaType::fp32, true}, W{64, 32, MetaType::fp8_e4m3, true},
+                     W{128, 32, MetaType::fp16, false}}) {
+    const Config cfg = gpu_config(c.window, 5, c.group, 3, 3, c.meta, c.reorder);
+    constexpr std::int64_t kMax = 5000;
+    Tensor k = randn({1, 2, kMax, 128}, 31, DType::f16, true), v = randn({1, 2, kMax, 128}, 32, DType::f16, true);
+    SkvqCache cpu(cfg);
+    cuda::DeviceCache gpu(cfg, 1, 2, 128, kMax);
+    std::int64_t fed = 0;
+    for (std::int64_t len : {200, 2177, 5000}) {
+      cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
+      fed = len;
+      const std::string what = "K3V3 window " + std::to_string(c.window) + " group " + std::to_string(c.group);
+      expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 3}, what);  // 4 rows a KV head
+      expect_splits_match(cpu, gpu, k, v, len, 6, 1, {0, 2}, what);     // 3 rows
+      expect_splits_match(cpu, gpu, k, v, len, 4, 2, {0, 2}, what);     // 2 heads x 2 tokens (causal): 4 rows
+      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0}, what);        // 1 row (the general path)
     }
   }
 }

@@ -41,6 +41,7 @@
 #include "cuda/partials.cuh"
 #include "cuda/pipeline.cuh"
 #include "cuda/trace.hpp"
+#include "cuda/widen.hpp"
 
 namespace skvq::cuda {
 
@@ -1270,14 +1271,44 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
   return p.q + ((static_cast<std::int64_t>(b) * p.Hq + h * G + gq) * p.Sq + qi) * kD;
 }
 
+// attn_tmma_kernel's SRC: rows [r0, r0 + 32) of a tile's key and value codes, stored at SRC bits
+// (ksrc, vsrc: rows of kD SRC / 8 bytes), widened to DST bits (kdst, vdst: rows of kD DST / 8
+// bytes; cuda/widen.hpp). Lane l takes the 12-byte chunks l, l + 32, l + 64 and l + 96 of each
+// side's 32 rows (4 chunks a row): consecutive lanes read and write consecutive chunks, so neither
+// the word loads nor the 16-byte stores meet bank conflicts.
+constexpr int kWidenFrom = widen::kFrom, kWidenTo = widen::kTo;
+template <int SRC, int DST>
+__device__ __forceinline__ void tmma_widen_rows(const unsigned char* ksrc, const unsigned char* vsrc, unsigned char* kdst,
+                                                unsigned char* vdst, int r0, int lane) {
+  static_assert(SRC == kWidenFrom && DST == kWidenTo, "3-bit codes as 4-bit ones");
+  constexpr int kIn = kD * SRC / 8, kOut = kD * DST / 8, kChunks = kIn / widen::kChunkIn;
+  static_assert(kChunks * widen::kChunkOut == kOut && 32 % kChunks == 0, "whole chunks a row");
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    const unsigned char* src = (side == 0 ? ksrc : vsrc) + r0 * kIn;
+    unsigned char* dst = (side == 0 ? kdst : vdst) + r0 * kOut;
+#pragma unroll
+    for (int j = 0; j < kChunks; ++j) {
+      const int c = lane + 32 * j, row = c / kChunks, part = c % kChunks;
+      const unsigned* w = reinterpret_cast<const unsigned*>(src + row * kIn + part * widen::kChunkIn);
+      const unsigned in[3] = {w[0], w[1], w[2]};
+      unsigned out[4];
+      widen::chunk(in, out);
+      *reinterpret_cast<uint4*>(dst + row * kOut + part * widen::kChunkOut) = make_uint4(out[0], out[1], out[2], out[3]);
+    }
+  }
+}
+
 // The token-major kernel's ring depth: one stage more for tile pairs (PAIR), two stages with the
 // short ring (SHORT), else kStages. The kernel's TileStream and the launch's shared-memory size
 // (fast_ring_bytes) both take it from here.
 constexpr int tmma_ring_stages(bool pair, bool short_ring) { return pair ? kStages + 1 : short_ring ? 2 : kStages; }
 
-template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false>
+template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false, int SRC = 0>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
+  static_assert(SRC == 0 || (SRC == kWidenFrom && KB == kWidenTo && VB == kWidenTo && !PAIR && !ONE),
+                "stored codes widened a tile at a time: one tile at a time, 3-4 rows");
   start_body();
   const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
@@ -1294,7 +1325,14 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
   // the stage layout from compile-time sizes (D = 128 for keys and values, as run_attention and
   // DeviceCache require; the launch sizes the ring by FastLayout(p), the same): immediate offsets
   constexpr int kMetaRow = kD / GS * mb;
-  constexpr FastLayout<kFastTile> lay(16 * KB, 16 * VB, kMetaRow, kMetaRow);
+  // SRC: the codes stored at SRC bits (both sides), each tile's widened to KB = VB bits in a buffer
+  // of the block's after the ring (tmma_widen_rows) before the warps read them; the stage holds
+  // them as stored (lay), the buffer as read (clay). Otherwise clay is lay and the codes are read
+  // in the stage.
+  constexpr int SK = SRC ? SRC : KB, SV = SRC ? SRC : VB;
+  constexpr FastLayout<kFastTile> lay(16 * SK, 16 * SV, kMetaRow, kMetaRow);
+  constexpr FastLayout<kFastTile> clay(16 * KB, 16 * VB, kMetaRow, kMetaRow);
+  [[maybe_unused]] unsigned char* const wide = ring + tmma_ring_stages(PAIR, SHORT) * lay.stage;
   // With balanced claiming the launch order deals the KV heads round-robin (block l: head
   // l % (B Hkv), split l / (B Hkv)), so that a head's blocks sit at every place on the SMs, which
   // the claims then even out; otherwise a head's splits are consecutive.
@@ -1327,7 +1365,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       qx[r] = ok ? qr[src] : 0.0f;
     }
   }
-  const ClaimedTiles<kFastTile, KB, VB, kMetaRow, tmma_ring_stages(PAIR, SHORT)> tiles(p, lay, ring, bh, split);
+  const ClaimedTiles<kFastTile, SK, SV, kMetaRow, tmma_ring_stages(PAIR, SHORT)> tiles(p, lay, ring, bh, split);
   tiles.start();
   __shared__ float sq_max[kTmmaRows], sq_sum[kTmmaRows][4];
   __shared__ float sq[kTmmaRows][kD];
@@ -1463,6 +1501,11 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
     constexpr int H = decltype(halves)::value;
     constexpr bool FULL = decltype(full)::value;
     const int base = warp * 32;
+    // tile h's codes (SRC: the widened copy of the one tile; metadata stay in the stage)
+    const auto codes = [&](int h) -> const unsigned char* {
+      if constexpr (SRC != 0) return wide;
+      else return hv[h].stage;
+    };
     // The lane's tokens: e = 4 h + 2 mt + i (ONE: e = h, at mt = t / 2, i = t % 2).
     constexpr int kTok = ONE ? H : 4 * H;
     const auto token = [&](int e) {
@@ -1499,8 +1542,8 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       [[maybe_unused]] int own[kNG];  // ONE: the own token's integer sum of each key metadata group
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
-        const unsigned char* stage = hv[h].stage;
-        const unsigned char* k0 = stage + lay.kc + (base + 16 * mt + g) * krow;
+        [[maybe_unused]] const unsigned char* stage = hv[h].stage;  // (kLoMma: the key minima)
+        const unsigned char* k0 = codes(h) + clay.kc + (base + 16 * mt + g) * krow;
         unsigned sl0[4][2], sl1[4][2];  // rows g (token k0) and g + 8, each k-step's two slices
         if constexpr (tmma_wide_keys<KB, GS>()) {
           tmma_key_slices<KB, GS>(k0, t, sl0);
@@ -1660,7 +1703,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         // span set / 2 of the warp's 32 rows (lane l: row base + l), once for sets 2s and 2s + 1;
         // byte 2g + set % 2 of rows 2t, 2t + 1, 8 + 2t, 9 + 2t (and 16 more)
         if (set % 2 == 0) {
-          ldsm_x4_trans(hv[h].stage + lay.vc + (base + lane) * vrow + 16 * (set / 2), vspan[h]);
+          ldsm_x4_trans(codes(h) + clay.vc + (base + lane) * vrow + 16 * (set / 2), vspan[h]);
           if constexpr (tmma_swap_values<GS, VB>()) {  // the sets' registers, by tmma_vbyte's trade
             unsigned y[4];
 #pragma unroll
@@ -1739,6 +1782,10 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
         }
         continue;
       }
+    }
+    if constexpr (SRC != 0) {  // this warp's 32 rows of the tile, keys and values, widened
+      tmma_widen_rows<SRC, KB>(stage + lay.kc, stage + lay.vc, wide + clay.kc, wide + clay.vc, warp * 32, lane);
+      __syncwarp();
     }
     if (tile >= full_lo && tile <= full_hi) {
       const Half hv[2] = {{stage, 0, kFastTile - 1, kFastTile}, {stage, 0, kFastTile - 1, kFastTile}};
@@ -2300,7 +2347,8 @@ int body_override() {  // -1: none
 }
 Body body_kernel(const AttnParams& p) {
   const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
-  const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4);
+  const bool widened = p.k.bits == kWidenFrom && p.v.bits == kWidenFrom;  // (tmma_widens)
+  const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4 || widened);
   const bool rs = groups;  // metadata groups of whole lanes (16 channels)
   const bool chunk = chunk_shape_ok(p);
   const int rows = p.query_rows();
@@ -2318,6 +2366,22 @@ Body body_kernel(const AttnParams& p) {
   if (tmma && rows == 1 && tmma_one_row(p.k.bits, p.v.bits, p.group)) return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
   return rs && rows <= 2 ? Body::rs : Body::fast;
+}
+
+// Whether 3-bit keys and values decode through the token-major kernel on codes widened to 4 bits a
+// tile in shared memory (attn_tmma_kernel's SRC) rather than the general path's tensor-core kernel:
+// at head dim 128, groups of 32, 64 or 128 (one for keys and values), 3 or 4 query rows a KV head
+// (grouped-query decode: any number of rows where SKVQ_CUDA_BODY=tmma forces the kernel), windows
+// of whole pieces and something packed. Measured: docs/performance.md, "3-bit codes on the
+// token-major kernel". SKVQ_CUDA_WIDEN=0 turns it off (benchmarks).
+bool tmma_widens(const AttnParams& p) {
+  static const bool on = env_switch("SKVQ_CUDA_WIDEN") != "0";
+  if (!on || p.k.bits != kWidenFrom || p.v.bits != kWidenFrom || p.D != kD || p.Dv != kD || p.group != p.group_v) return false;
+  if (p.window % kPiece != 0 || p.q_end <= 0) return false;
+  const int o = body_override();
+  if (o >= 0 && o != 2) return false;  // another body kernel forced (2: tmma, which takes every row count)
+  const int rows = p.query_rows();
+  return body_kernel(p) == Body::tmma && (o == 2 || (rows >= 3 && rows <= kTmmaRows));
 }
 
 // Whether the token-major kernel takes its tiles two at a time (attn_tmma_kernel's PAIR): with 2-bit
@@ -2346,7 +2410,7 @@ bool tmma_pair(const AttnParams& p) {
 // takes a KV head with a single query row. SKVQ_CUDA_TMMA_ONE=0 turns it off (benchmarks).
 bool tmma_one(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
-  return on && p.query_rows() == 1 && body_kernel(p) == Body::tmma;
+  return on && p.query_rows() == 1 && p.k.bits != kWidenFrom && body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel streams its tiles through a ring of two stages, copies one tile
 // ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values at groups of 128
@@ -2363,6 +2427,10 @@ bool tmma_short(const AttnParams& p) {
 // less with the short ring): the launch and the occupancy calculation size it alike.
 int fast_ring_bytes(const AttnParams& p) {
   if (body_kernel(p) == Body::chunk) return chunk_smem_bytes(p);  // (and its unpacked tile)
+  if (p.k.bits == kWidenFrom) {  // (tmma_widens) the short ring, then the tile's widened codes
+    constexpr FastLayout<kFastTile> wide(16 * kWidenTo, 16 * kWidenTo, 0, 0);
+    return tmma_ring_stages(false, true) * FastLayout<kFastTile>(p).stage + wide.stage;
+  }
   return tmma_ring_stages(tmma_pair(p), tmma_short(p)) * FastLayout<kFastTile>(p).stage;
 }
 
@@ -2400,7 +2468,7 @@ int fast_launches(const AttnParams& p) {
 // tensor-core kernel: up to 8; the chunk kernel: up to 64; the float32 kernel: 4, 2 or 1) and the
 // metadata type of p.
 template <int KB, int VB, typename F>
-void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
+void with_tuned_fast_kernel(const AttnParams& p, int nq, F&& f) {
   auto by_meta = [&](auto k16, auto k32, auto k8) {
     if (p.meta == 0) f(k16);
     else if (p.meta == 1) f(k32);
@@ -2470,6 +2538,26 @@ void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   if (nq == 4) by_meta(attn_fast_kernel<KB, VB, 4, 0>, attn_fast_kernel<KB, VB, 4, 1>, attn_fast_kernel<KB, VB, 4, 2>);
   else if (nq == 2) by_meta(attn_fast_kernel<KB, VB, 2, 0>, attn_fast_kernel<KB, VB, 2, 1>, attn_fast_kernel<KB, VB, 2, 2>);
   else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
+}
+
+// with_tuned_fast_kernel, and for 3-bit keys and values (tmma_widens) the token-major kernel over
+// codes widened to 4 bits (its SRC; the short ring, one tile at a time, never the one-row form).
+template <int KB, int VB, typename F>
+void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
+  if constexpr (KB == kWidenFrom) {
+    static_assert(VB == kWidenFrom, "3-bit keys and values");
+    auto tm = [&](auto gs) {
+      constexpr int GS = decltype(gs)::value, W = kWidenTo;
+      if (p.meta == 0) f(attn_tmma_kernel<W, W, 0, GS, false, false, true, KB>);
+      else if (p.meta == 1) f(attn_tmma_kernel<W, W, 1, GS, false, false, true, KB>);
+      else f(attn_tmma_kernel<W, W, 2, GS, false, false, true, KB>);
+    };
+    if (p.group == 32) tm(std::integral_constant<int, 32>{});
+    else if (p.group == 64) tm(std::integral_constant<int, 64>{});
+    else tm(std::integral_constant<int, 128>{});
+  } else {
+    with_tuned_fast_kernel<KB, VB>(p, nq, std::forward<F>(f));
+  }
 }
 
 template <int KB, int VB>
@@ -2544,11 +2632,22 @@ bool with_bits(int kb, int vb, F&& f) {
          pair(integral_constant<int, 8>{}, integral_constant<int, 4>{});
 }
 
+// with_bits for p's widths, and (3, 3) where they decode through the widened token-major kernel
+// (tmma_widens).
+template <typename F>
+bool with_fast_bits(const AttnParams& p, F&& f) {
+  if (tmma_widens(p)) {
+    f(std::integral_constant<int, kWidenFrom>{}, std::integral_constant<int, kWidenFrom>{});
+    return true;
+  }
+  return with_bits(p.k.bits, p.v.bits, std::forward<F>(f));
+}
+
 // The split count is chosen before a block's tile count is known (p.split_len 0): where blocks may
 // take their tiles two at a time (tmma_pair), the fewer of the two kernels' resident blocks.
 int fast_blocks_per_sm(const AttnParams& p) {
   int blocks = 1;
-  with_bits(p.k.bits, p.v.bits, [&](auto k, auto v) {
+  with_fast_bits(p, [&](auto k, auto v) {
     constexpr int KB = decltype(k)::value, VB = decltype(v)::value;
     blocks = fast_blocks_per_sm<KB, VB>(p);
     AttnParams paired = p;
@@ -2781,12 +2880,12 @@ bool one_bit_to_tc(const AttnParams& p) {
 void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cudaStream_t stream) {
   if (p.Dv == 0) p.Dv = p.D;
   if (p.group_v == 0) p.group_v = p.group;
-  const int kb = dense ? 16 : p.k.bits, vb = dense ? 16 : p.v.bits;
+  const int kb = dense ? 16 : p.k.bits;
   // Shapes the tuned kernels do not take go through the general path (attend_general.cu): head dims
-  // other than 128, pairs of code widths outside with_bits' six. SKVQ_CUDA_BODY=general sends every
-  // call there (tests, benchmarks).
+  // other than 128, pairs of code widths outside with_bits' six (but for 3-bit keys and values where
+  // tmma_widens). SKVQ_CUDA_BODY=general sends every call there (tests, benchmarks).
   static const bool general_forced = env_switch("SKVQ_CUDA_BODY") == "general";
-  const bool general = general_forced || p.D != kD || p.Dv != kD || (!dense && !with_bits(kb, vb, [](auto, auto) {})) ||
+  const bool general = general_forced || p.D != kD || p.Dv != kD || (!dense && !with_fast_bits(p, [](auto, auto) {})) ||
                        (!dense && one_bit_to_tc(p));
   if (!dense) {  // t / window as (t * magic) >> shift, exact for t < 2^32
     int sh = 0;
@@ -2819,7 +2918,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cu
   }
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
   // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
-  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && mma_enabled();
+  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && kb != kWidenFrom && mma_enabled();
   // Balanced claiming (the token-major kernel): chunks of split_len / balance_chunks() tiles, at
   // least 2 (the copies' lead), where that leaves chunks to claim; else each block its split.
   if (fast) {
@@ -2880,11 +2979,15 @@ void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cu
   if (dense) {
     launch_rows<2, 2, true>(p, stream);
   } else {
-    with_bits(kb, vb, [&](auto k, auto v) {
+    with_fast_bits(p, [&](auto k, auto v) {
       constexpr int K = decltype(k)::value, V = decltype(v)::value;
-      if (!fast) launch_rows<K, V, false>(p, stream);
-      else if (mma) launch_mma_rows<K, V>(p, fast_splits, stream);
-      else launch_fast_rows<K, V>(p, fast_splits, stream);
+      if constexpr (K == kWidenFrom) {
+        launch_fast_rows<K, V>(p, fast_splits, stream);  // (tmma_widens: fast, never mma)
+      } else {
+        if (!fast) launch_rows<K, V, false>(p, stream);
+        else if (mma) launch_mma_rows<K, V>(p, fast_splits, stream);
+        else launch_fast_rows<K, V>(p, fast_splits, stream);
+      }
     });
   }
   const int combine_smem = p.splits * static_cast<int>(sizeof(float));

@@ -645,25 +645,21 @@ template <typename F>
 void with_tc_kernel(const AttnParams& p, F&& f) {
   bool found = false;
   const bool ok = with_tc_shape(p.D, p.group, [&](auto d, auto gs) {
+    // f at p's metadata type (the run-time widths' kernel has none for fp32 metadata at groups of 32:
+    // tc_any_meta_ok)
     const auto by_meta = [&](auto k, auto v) {
       found = true;
+      constexpr bool fp32_ok = decltype(k)::value != kAnyWidth || tc_any_meta_ok(1, decltype(gs)::value);
       if (p.meta == 0) f(d, k, v, std::integral_constant<int, 0>{}, gs);
-      else if (p.meta == 1) f(d, k, v, std::integral_constant<int, 1>{}, gs);
-      else f(d, k, v, std::integral_constant<int, 2>{}, gs);
+      else if (p.meta == 2) f(d, k, v, std::integral_constant<int, 2>{}, gs);
+      else if constexpr (fp32_ok) f(d, k, v, std::integral_constant<int, 1>{}, gs);
     };
     if (with_tc_widths(p.k.bits, p.v.bits, by_meta)) return;
     if constexpr (decltype(d)::value == kAnyWidthsD) {
       using Any = std::integral_constant<int, kAnyWidth>;
-      constexpr int G = decltype(gs)::value;
-      if (!tc_any_widths_ok(p.k.bits, p.v.bits) || !tc_any_meta_ok(p.meta, G)) return;
-      found = true;
-      const auto by_any_meta = [&](auto v) {
-        if (p.meta == 0) f(d, Any{}, v, std::integral_constant<int, 0>{}, gs);
-        else if (p.meta == 2) f(d, Any{}, v, std::integral_constant<int, 2>{}, gs);
-        else if constexpr (tc_any_meta_ok(1, G)) f(d, Any{}, v, std::integral_constant<int, 1>{}, gs);
-      };
-      if (p.v.bits == 8) by_any_meta(std::integral_constant<int, 8>{});  // (its own build: kAnyValueBits)
-      else by_any_meta(Any{});
+      if (!tc_any_widths_ok(p.k.bits, p.v.bits) || !tc_any_meta_ok(p.meta, p.group)) return;
+      if (p.v.bits == 8) by_meta(Any{}, std::integral_constant<int, 8>{});  // (its own build: kAnyValueBits)
+      else by_meta(Any{}, Any{});
     }
   });
   if (!ok || !found) {
