@@ -8,7 +8,7 @@
 //        | --upload B Hkv T [SETTING] | --host | --dtypes | --dtypes-prefill (its prefill table alone)
 //        | --read-floor | --widths (every code width, 1 to 8 bits) | --head-dims [D B T] | --chunks [S1,S2,...] (chunked prefill: S new rows after a history of T)
 //        | --pairs (pairs of code widths without a kernel of their own, head dim 128)
-//        | --three (3-bit codes on the token-major kernel beside K4V4 and K2V2; SKVQ_CUDA_WIDEN=0: without)
+//        | --widened (3- and 1-bit codes on the token-major kernel beside K4V4 and K2V2; SKVQ_CUDA_WIDEN=0: without)
 //        | --trace B Hkv T [SETTING] (a build with SKVQ_CUDA_TRACE=ON)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -535,24 +535,25 @@ void pairs_table(double bw) {
   }
 }
 
-// 3-bit codes on the token-major kernel (--three, session 65): K3V3 at groups of 128, 64 and 32, with
-// the tuned K4V4 and K2V2 at groups of 128 and 32 beside them, Hq = 32 over Hkv = 8 (4 query rows a KV
-// head: the widened token-major kernel) and Hkv = 32 (one row: the general path), one decode step as
-// the tables time it, against the project's fp16 kernel on the same shape. Run it again under
-// SKVQ_CUDA_WIDEN=0 for the general path's tensor-core kernel on the same K3V3 shapes.
-void three_table(double bw) {
-  std::printf("\n## 3-bit codes (Hq = 32, head dim 128)\n\n");
+// 3- and 1-bit codes on the token-major kernel (--widened, session 65): K3V3 at groups of 128, 64 and
+// 32 and K1V1 at 128 and 32, with the tuned K4V4 and K2V2 beside them, Hq = 32 over Hkv = 8 (4 query
+// rows a KV head: the token-major kernel over widened codes) and Hkv = 32 (one row: not widened), one
+// decode step as the tables time it, against the project's fp16 kernel on the same shape. Run it
+// again under SKVQ_CUDA_WIDEN=0 for the kernels that took those codes before (the general path's
+// tensor-core kernel; for 1 bit the tuned 1-bit kernels or that one, by one_bit_to_tc).
+void widened_table(double bw) {
+  std::printf("\n## 3- and 1-bit codes (Hq = 32, head dim 128)\n\n");
   std::printf("| setting | B | Hkv | T | fp16 ms | ms one call | ms graph | %% of copy (graph) | fp16 / graph |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
-  const Setting settings[] = {{"K3V3g128", 3, 3, 128}, {"K3V3g64", 3, 3, 64}, {"K3V3g32", 3, 3, 32},
-                              {"K4V4g128", 4, 4, 128}, {"K2V2g128", 2, 2, 128}, {"K4V4g32", 4, 4, 32}};
+  const Setting settings[] = {{"K3V3g128", 3, 3, 128}, {"K3V3g64", 3, 3, 64},   {"K3V3g32", 3, 3, 32},   {"K1V1g128", 1, 1, 128},
+                              {"K1V1g32", 1, 1, 32},   {"K4V4g128", 4, 4, 128}, {"K2V2g128", 2, 2, 128}, {"K4V4g32", 4, 4, 32}};
   for (const Setting& s : settings) {
     for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {8, 8, 32768}, {32, 8, 32768}, {1, 8, 131072},
                                     {8, 8, 131072}, {1, 32, 32768}, {8, 32, 32768}}) {
       const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
       std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
                   st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
-      std::printf("RESULT three setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
+      std::printf("RESULT widened setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
                   static_cast<long long>(T), fp16, st.one_ms, st.graph_ms, bytes);
       std::fflush(stdout);
     }
@@ -1182,7 +1183,7 @@ int main(int argc, char** argv) {
     chunks_table(sizes);
     return 0;
   }
-  if (argc == 2 && (std::strcmp(argv[1], "--widths") == 0 || std::strcmp(argv[1], "--pairs") == 0 || std::strcmp(argv[1], "--three") == 0)) {
+  if (argc == 2 && (std::strcmp(argv[1], "--widths") == 0 || std::strcmp(argv[1], "--pairs") == 0 || std::strcmp(argv[1], "--widened") == 0)) {
     if (!cuda::available()) {
       std::printf("no GPU: %s\n", cuda::device_description().c_str());
       return 0;
@@ -1191,7 +1192,7 @@ int main(int argc, char** argv) {
     std::printf("device: %s\ncopy bandwidth (device to device, read + write): %.0f GB/s\n", cuda::device_description().c_str(), bw / 1e9);
     if (std::strcmp(argv[1], "--widths") == 0) widths_table(bw);
     else if (std::strcmp(argv[1], "--pairs") == 0) pairs_table(bw);
-    else three_table(bw);
+    else widened_table(bw);
     return 0;
   }
   if (argc == 2 && std::strcmp(argv[1], "--read-floor") == 0) {

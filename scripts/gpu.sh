@@ -50,8 +50,8 @@ python3 bench/bench_torch_sdpa.py $quick > "$out/torch.txt" 2>&1; echo "torch ex
 [ -z "$quick" ] && { "$bin/bench_cuda" --widths > "$out/bench_widths.txt" 2>&1; echo "bench_cuda --widths exit $?"; }
 [ -z "$quick" ] && { "$bin/bench_cuda" --pairs > "$out/bench_pairs.txt" 2>&1; echo "bench_cuda --pairs exit $?"; }
 [ -z "$quick" ] && { SKVQ_CUDA_GENERAL=float "$bin/bench_cuda" --pairs > "$out/bench_pairs_float.txt" 2>&1; echo "bench_cuda --pairs (float general kernel) exit $?"; }
-[ -z "$quick" ] && { "$bin/bench_cuda" --three > "$out/bench_three.txt" 2>&1; echo "bench_cuda --three exit $?"; }
-[ -z "$quick" ] && { SKVQ_CUDA_WIDEN=0 "$bin/bench_cuda" --three > "$out/bench_three_general.txt" 2>&1; echo "bench_cuda --three (3-bit codes through the general path) exit $?"; }
+[ -z "$quick" ] && { "$bin/bench_cuda" --widened > "$out/bench_widened.txt" 2>&1; echo "bench_cuda --widened exit $?"; }
+[ -z "$quick" ] && { SKVQ_CUDA_WIDEN=0 "$bin/bench_cuda" --widened > "$out/bench_widened_general.txt" 2>&1; echo "bench_cuda --widened (not widened) exit $?"; }
 # The test runs are independent of each other: they go to the GPU together
 # (background jobs, each with its own output file; a full sequential pass took
 # about nine minutes, near a device call's ten), and their summaries print in
@@ -87,7 +87,7 @@ job initcheck "${sanitize[@]}" initcheck "$tests" --gtest_filter='Cuda*'
 job racecheck "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.Flush*'
 job racecheck_claims env SKVQ_CUDA_BALANCE=64 "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.ClaimedTiles*'
 job racecheck_general "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.OtherHeadDims*:Cuda.DenseFp16*:Cuda.GeneralTensorCore*'
-job racecheck_widen "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.ThreeBit*'
+job racecheck_widen "${sanitize[@]}" racecheck "$tests" --gtest_filter='Cuda.Widened*'
 wait
 echo "(the tests and sanitizers ran side by side in $(( $(date +%s) - t0 )) s)"
 summary() {  # summary TITLE NAME [PATTERN [LINES]]: the lines of $out/NAME.txt that say how it went
@@ -114,7 +114,7 @@ summary "GPU flush tests, the clip search's errors summed exactly for every grou
 summary "GPU tests, the combine kernel launched after the body (SKVQ_CUDA_PDL=0, as before compute capability 9.0)" tests_nopdl
 summary "GPU tests, the body kernels launched after the stream's earlier work (SKVQ_CUDA_BODY_PDL=0)" tests_nobodypdl
 summary "GPU tests, opt-in tensor-core kernel (SKVQ_CUDA_MMA=1)" tests_mma
-summary "GPU tests, 3-bit codes through the general path only (SKVQ_CUDA_WIDEN=0)" tests_nowiden
+summary "GPU tests, 3- and 1-bit codes not widened (SKVQ_CUDA_WIDEN=0)" tests_nowiden
 echo "== compute-sanitizer memcheck"
 tail -n 3 "$out/memcheck.txt"
 echo "== compute-sanitizer initcheck and racecheck"
@@ -128,6 +128,6 @@ grep -v RESULT "$out/bench_cuda.txt" | tail -n 20
 [ -f "$out/bench_head_dims.txt" ] && grep -E "^\| (D|16|32|64|96|256) " "$out/bench_head_dims.txt"
 [ -f "$out/bench_head_dims_float.txt" ] && { echo "(the same, the general path's float kernel alone)"; grep -E "^\| (16|32|64|96|256) " "$out/bench_head_dims_float.txt"; }
 [ -f "$out/bench_dtypes.txt" ] && sed -n '/^## Device calls/,$p' "$out/bench_dtypes.txt" | grep -v RESULT
-[ -f "$out/bench_three.txt" ] && { sed -n '/^## 3-bit/,$p' "$out/bench_three.txt" | grep -v RESULT; echo "(the same, SKVQ_CUDA_WIDEN=0)"; grep -E "^\| K3V3" "$out/bench_three_general.txt"; }
+[ -f "$out/bench_widened.txt" ] && { sed -n '/^## 3- and 1-bit/,$p' "$out/bench_widened.txt" | grep -v RESULT; echo "(the same, SKVQ_CUDA_WIDEN=0)"; grep -E "^\| K(3V3|1V1)" "$out/bench_widened_general.txt"; }
 python3 scripts/gpu_report.py "$out/bench_cuda_mma.txt" "$out/torch.txt" > "$out/table_mma.md"
 python3 scripts/gpu_report.py "$out/bench_cuda.txt" "$out/torch.txt" | tee "$out/table.md"

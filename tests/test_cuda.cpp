@@ -592,38 +592,56 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
   EXPECT_FALSE(tcc::tc_chunk_ok(16, 3));
 }
 
-// The token-major kernel's 3-bit codes widened to 4-bit ones a tile at a time (cuda/widen.hpp,
-// attn_tmma_kernel's SRC): every one of the 2^24 values of a word's eight codes, with the ignored top
-// byte set to anything, and rows of 128 codes packed by the CPU's packer, chunk by chunk.
-TEST(CudaWiden, ThreeBitCodesBecomeFourBitOnes) {
+// The token-major kernel's 3- and 1-bit codes widened to 4- and 2-bit ones a tile at a time
+// (cuda/widen.hpp, attn_tmma_kernel's SRC): every value of a word's codes (2^24 for eight 3-bit codes,
+// 2^16 for sixteen 1-bit ones), with the ignored upper bits set to anything, and rows of 128 codes
+// packed by the CPU's packer, chunk by chunk.
+template <int FROM>
+void check_widened_rows(std::uint32_t seed) {
+  using W = skvq::cuda::widen::Widen<FROM>;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> code(0, (1 << FROM) - 1);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::uint8_t> codes(128);
+    for (auto& c : codes) c = static_cast<std::uint8_t>(trial == 0 ? (1 << FROM) - 1 : trial == 1 ? 0 : code(rng));
+    std::vector<std::uint8_t> packed(static_cast<std::size_t>(ref::packed_bytes(128, FROM)), 0);
+    ASSERT_EQ(packed.size(), 4u * 4 * W::kIn);
+    ref::pack_codes(codes.data(), 128, FROM, packed.data());
+    for (int part = 0; part < 4; ++part) {
+      unsigned in[W::kIn], out[W::kOut];
+      std::memcpy(in, packed.data() + part * 4 * W::kIn, sizeof in);
+      W::chunk(in, out);
+      constexpr int kPer = 32 / W::kTo;  // codes an output word
+      for (int i = 0; i < 32; ++i) {
+        const unsigned got = (out[i / kPer] >> (W::kTo * (i % kPer))) & ((1u << W::kTo) - 1u);
+        ASSERT_EQ(got, codes[static_cast<std::size_t>(32 * part + i)]) << FROM << "-bit trial " << trial << " chunk " << part << " code " << i;
+      }
+    }
+  }
+}
+
+TEST(CudaWiden, ThreeAndOneBitCodesBecomeFourAndTwoBitOnes) {
   namespace w = skvq::cuda::widen;
-  static_assert(w::kFrom == 3 && w::kTo == 4);
+  static_assert(w::Widen<3>::kTo == 4 && w::Widen<1>::kTo == 2);
+  EXPECT_TRUE(w::widens(3) && w::widens(1));
+  for (int b : {2, 4, 5, 6, 7, 8}) EXPECT_FALSE(w::widens(b)) << b;
   std::uint32_t wrong = 0, first_bad = 0;
   for (std::uint32_t x = 0; x < (1u << 24); ++x) {
-    const unsigned out = w::word(x | ((x * 2654435761u) & 0xFF000000u));
+    const unsigned out = w::word3(x | ((x * 2654435761u) & 0xFF000000u));
     std::uint32_t want = 0;
     for (int j = 0; j < 8; ++j) want |= ((x >> (3 * j)) & 7u) << (4 * j);
     if (out != want && wrong++ == 0) first_bad = x;
   }
-  EXPECT_EQ(wrong, 0u) << "first at x = " << first_bad;
-  std::mt19937 rng(65);
-  std::uniform_int_distribution<int> code(0, 7);
-  for (int trial = 0; trial < 200; ++trial) {
-    std::vector<std::uint8_t> codes(128);
-    for (auto& c : codes) c = static_cast<std::uint8_t>(trial == 0 ? 7 : trial == 1 ? 0 : code(rng));
-    std::vector<std::uint8_t> packed(static_cast<std::size_t>(ref::packed_bytes(128, 3)), 0);
-    ASSERT_EQ(packed.size(), 4u * w::kChunkIn);
-    ref::pack_codes(codes.data(), 128, 3, packed.data());
-    for (int part = 0; part < 4; ++part) {
-      unsigned in[3], out[4];
-      std::memcpy(in, packed.data() + part * w::kChunkIn, sizeof in);
-      w::chunk(in, out);
-      for (int i = 0; i < 32; ++i) {
-        const unsigned got = (out[i / 8] >> (4 * (i % 8))) & 0xFu;
-        ASSERT_EQ(got, codes[static_cast<std::size_t>(32 * part + i)]) << "trial " << trial << " chunk " << part << " code " << i;
-      }
-    }
+  EXPECT_EQ(wrong, 0u) << "3 bits: first at x = " << first_bad;
+  for (std::uint32_t x = 0; x < (1u << 16); ++x) {
+    const unsigned out = w::word1(x | ((x * 2654435761u) & 0xFFFF0000u));
+    std::uint32_t want = 0;
+    for (int j = 0; j < 16; ++j) want |= ((x >> j) & 1u) << (2 * j);
+    if (out != want && wrong++ == 0) first_bad = x;
   }
+  EXPECT_EQ(wrong, 0u) << "1 bit: first at x = " << first_bad;
+  check_widened_rows<3>(65);
+  check_widened_rows<1>(66);
 }
 
 // The flush kernel's division-free quotient (two Newton corrections with FMA
@@ -1233,22 +1251,23 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   }
 }
 
-// 3-bit keys and values with 3 or 4 query rows a KV head decode through the token-major kernel on
-// codes widened to 4 bits a tile (tmma_widens; 1 and 2 rows through the general path's tensor-core
-// kernel beside them): groups of 32, 64 and 128, each metadata type, reorder on and off, windows that
-// are and are not a multiple of the tile, partial tiles, sinks, forced splits, causal rows (Sq = 2).
-// scripts/gpu.sh runs it again with SKVQ_CUDA_BODY=tmma (every row count through the kernel) and
-// with SKVQ_CUDA_WIDEN=0 (the general path throughout).
-TEST(Cuda, ThreeBitCodesOnTheTokenMajorKernel) {
+// 3-bit (1-bit) keys and values with 3 or 4 query rows a KV head decode through the token-major
+// kernel on codes widened to 4 (2) bits a tile (tmma_widens; 1 and 2 rows through the general path's
+// tensor-core kernel or the tuned 1-bit kernels beside them): groups of 32, 64 and 128, each metadata
+// type, reorder on and off, windows that are and are not a multiple of the tile, partial tiles,
+// sinks, forced splits, causal rows (Sq = 2). scripts/gpu.sh runs it again with SKVQ_CUDA_BODY=tmma
+// (every row count through the kernel) and with SKVQ_CUDA_WIDEN=0 (the other kernels throughout).
+TEST(Cuda, WidenedCodesOnTheTokenMajorKernel) {
   REQUIRE_GPU();
   struct W {
-    int window, group;
+    int bits, window, group;
     MetaType meta;
     bool reorder;
   };
-  for (const W& c : {W{128, 128, MetaType::fp16, true}, W{256, 64, MetaType::fp32, true}, W{64, 32, MetaType::fp8_e4m3, true},
-                     W{128, 32, MetaType::fp16, false}}) {
-    const Config cfg = gpu_config(c.window, 5, c.group, 3, 3, c.meta, c.reorder);
+  for (const W& c : {W{3, 128, 128, MetaType::fp16, true}, W{3, 256, 64, MetaType::fp32, true}, W{3, 64, 32, MetaType::fp8_e4m3, true},
+                     W{3, 128, 32, MetaType::fp16, false}, W{1, 128, 128, MetaType::fp16, true}, W{1, 64, 64, MetaType::fp8_e4m3, false},
+                     W{1, 256, 32, MetaType::fp32, true}}) {
+    const Config cfg = gpu_config(c.window, 5, c.group, c.bits, c.bits, c.meta, c.reorder);
     constexpr std::int64_t kMax = 5000;
     Tensor k = randn({1, 2, kMax, 128}, 31, DType::f16, true), v = randn({1, 2, kMax, 128}, 32, DType::f16, true);
     SkvqCache cpu(cfg);
@@ -1258,11 +1277,13 @@ TEST(Cuda, ThreeBitCodesOnTheTokenMajorKernel) {
       cpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
       gpu.append(k.view().slice_tokens(fed, len - fed), v.view().slice_tokens(fed, len - fed));
       fed = len;
-      const std::string what = "K3V3 window " + std::to_string(c.window) + " group " + std::to_string(c.group);
+      std::string what = "K";  // (built by appends: GCC 12 warns falsely of "literal" + std::string&&)
+      what += std::to_string(c.bits) + "V" + std::to_string(c.bits) + " window " + std::to_string(c.window) + " group " +
+              std::to_string(c.group);
       expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 3}, what);  // 4 rows a KV head
       expect_splits_match(cpu, gpu, k, v, len, 6, 1, {0, 2}, what);     // 3 rows
       expect_splits_match(cpu, gpu, k, v, len, 4, 2, {0, 2}, what);     // 2 heads x 2 tokens (causal): 4 rows
-      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0}, what);        // 1 row (the general path)
+      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0}, what);        // 1 row (not widened)
     }
   }
 }

@@ -1272,17 +1272,16 @@ __device__ __forceinline__ const float* tmma_qrow(const AttnParams& p, int b, in
 }
 
 // attn_tmma_kernel's SRC: rows [r0, r0 + 32) of a tile's key and value codes, stored at SRC bits
-// (ksrc, vsrc: rows of kD SRC / 8 bytes), widened to DST bits (kdst, vdst: rows of kD DST / 8
-// bytes; cuda/widen.hpp). Lane l takes the 12-byte chunks l, l + 32, l + 64 and l + 96 of each
-// side's 32 rows (4 chunks a row): consecutive lanes read and write consecutive chunks, so neither
-// the word loads nor the 16-byte stores meet bank conflicts.
-constexpr int kWidenFrom = widen::kFrom, kWidenTo = widen::kTo;
-template <int SRC, int DST>
+// (ksrc, vsrc: rows of kD SRC / 8 bytes), widened to widen::Widen<SRC>::kTo bits (kdst, vdst; rows of
+// kD kTo / 8 bytes; cuda/widen.hpp). A row is four chunks of 32 codes; lane l takes chunks l, l + 32,
+// l + 64 and l + 96 of each side's 32 rows, so that consecutive lanes read and write consecutive
+// chunks (no bank conflicts).
+template <int SRC>
 __device__ __forceinline__ void tmma_widen_rows(const unsigned char* ksrc, const unsigned char* vsrc, unsigned char* kdst,
                                                 unsigned char* vdst, int r0, int lane) {
-  static_assert(SRC == kWidenFrom && DST == kWidenTo, "3-bit codes as 4-bit ones");
-  constexpr int kIn = kD * SRC / 8, kOut = kD * DST / 8, kChunks = kIn / widen::kChunkIn;
-  static_assert(kChunks * widen::kChunkOut == kOut && 32 % kChunks == 0, "whole chunks a row");
+  using W = widen::Widen<SRC>;
+  constexpr int kIn = kD * SRC / 8, kOut = kD * W::kTo / 8, kChunks = kD / 32;
+  static_assert(kChunks * 4 * W::kIn == kIn && kChunks * 4 * W::kOut == kOut, "whole chunks a row");
 #pragma unroll
   for (int side = 0; side < 2; ++side) {
     const unsigned char* src = (side == 0 ? ksrc : vsrc) + r0 * kIn;
@@ -1290,11 +1289,14 @@ __device__ __forceinline__ void tmma_widen_rows(const unsigned char* ksrc, const
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int c = lane + 32 * j, row = c / kChunks, part = c % kChunks;
-      const unsigned* w = reinterpret_cast<const unsigned*>(src + row * kIn + part * widen::kChunkIn);
-      const unsigned in[3] = {w[0], w[1], w[2]};
-      unsigned out[4];
-      widen::chunk(in, out);
-      *reinterpret_cast<uint4*>(dst + row * kOut + part * widen::kChunkOut) = make_uint4(out[0], out[1], out[2], out[3]);
+      const unsigned* w = reinterpret_cast<const unsigned*>(src + row * kIn + part * 4 * W::kIn);
+      unsigned in[W::kIn], out[W::kOut];
+#pragma unroll
+      for (int i = 0; i < W::kIn; ++i) in[i] = w[i];
+      W::chunk(in, out);
+      unsigned char* o = dst + row * kOut + part * 4 * W::kOut;
+      if constexpr (W::kOut == 4) *reinterpret_cast<uint4*>(o) = make_uint4(out[0], out[1], out[2], out[3]);
+      else *reinterpret_cast<uint2*>(o) = make_uint2(out[0], out[1]);
     }
   }
 }
@@ -1303,11 +1305,14 @@ __device__ __forceinline__ void tmma_widen_rows(const unsigned char* ksrc, const
 // short ring (SHORT), else kStages. The kernel's TileStream and the launch's shared-memory size
 // (fast_ring_bytes) both take it from here.
 constexpr int tmma_ring_stages(bool pair, bool short_ring) { return pair ? kStages + 1 : short_ring ? 2 : kStages; }
+// The ring of the token-major kernel over widened codes (SRC): the short one for 3-bit codes, whose
+// three stages beside the widened tile would leave four blocks an SM; three stages for 1-bit codes.
+constexpr bool tmma_widen_short(int src) { return src == 3; }
 
 template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false, int SRC = 0>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
-  static_assert(SRC == 0 || (SRC == kWidenFrom && KB == kWidenTo && VB == kWidenTo && !PAIR && !ONE),
+  static_assert(SRC == 0 || (widen::widens(SRC) && KB == widen::widened(SRC) && VB == KB && !PAIR && !ONE),
                 "stored codes widened a tile at a time: one tile at a time, 3-4 rows");
   start_body();
   const std::uint64_t trace_t0 = trace_now();
@@ -1784,7 +1789,7 @@ __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(con
       }
     }
     if constexpr (SRC != 0) {  // this warp's 32 rows of the tile, keys and values, widened
-      tmma_widen_rows<SRC, KB>(stage + lay.kc, stage + lay.vc, wide + clay.kc, wide + clay.vc, warp * 32, lane);
+      tmma_widen_rows<SRC>(stage + lay.kc, stage + lay.vc, wide + clay.kc, wide + clay.vc, warp * 32, lane);
       __syncwarp();
     }
     if (tile >= full_lo && tile <= full_hi) {
@@ -2316,6 +2321,12 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // chunk kernel (attend_chunk.cu), 64 rows a block. SKVQ_CUDA_BODY=chunk forces the chunk kernel
 // where its shapes allow.
 enum class Body { fast, imma, tmma, rs, chunk };
+// Keys and values of one width that the token-major kernel takes widened (3 and 1 bits: tmma_widens),
+// unless SKVQ_CUDA_WIDEN=0.
+bool widen_pair(const AttnParams& p) {
+  static const bool on = env_switch("SKVQ_CUDA_WIDEN") != "0";
+  return on && p.k.bits == p.v.bits && widen::widens(p.k.bits);
+}
 // Query rows a KV head from which the chunk kernel takes the packed body by default: 40 with 2-bit
 // keys, 32 with wider ones. Below a whole block of kChunkRows its idle rows cost what full ones do,
 // where the integer tensor-core kernel's work shrinks by 8 rows at a time; measured side by side
@@ -2347,7 +2358,7 @@ int body_override() {  // -1: none
 }
 Body body_kernel(const AttnParams& p) {
   const bool groups = p.group == 32 || p.group == 64 || p.group == 128;
-  const bool widened = p.k.bits == kWidenFrom && p.v.bits == kWidenFrom;  // (tmma_widens)
+  const bool widened = widen_pair(p);  // (tmma_widens)
   const bool imma = groups && p.v.bits >= 2, tmma = groups && (p.v.bits == 2 || p.v.bits == 4 || widened);
   const bool rs = groups;  // metadata groups of whole lanes (16 channels)
   const bool chunk = chunk_shape_ok(p);
@@ -2368,15 +2379,15 @@ Body body_kernel(const AttnParams& p) {
   return rs && rows <= 2 ? Body::rs : Body::fast;
 }
 
-// Whether 3-bit keys and values decode through the token-major kernel on codes widened to 4 bits a
-// tile in shared memory (attn_tmma_kernel's SRC) rather than the general path's tensor-core kernel:
-// at head dim 128, groups of 32, 64 or 128 (one for keys and values), 3 or 4 query rows a KV head
-// (grouped-query decode: any number of rows where SKVQ_CUDA_BODY=tmma forces the kernel), windows
-// of whole pieces and something packed. Measured: docs/performance.md, "3-bit codes on the
-// token-major kernel". SKVQ_CUDA_WIDEN=0 turns it off (benchmarks).
+// Whether 3-bit (1-bit) keys and values decode through the token-major kernel on codes widened to 4
+// (2) bits a tile in shared memory (attn_tmma_kernel's SRC) rather than the general path's
+// tensor-core kernel (and the tuned 1-bit kernels): at head dim 128, groups of 32, 64 or 128 (one for
+// keys and values), 3 or 4 query rows a KV head (grouped-query decode: any number of rows where
+// SKVQ_CUDA_BODY=tmma forces the kernel), windows of whole pieces and something packed. Measured:
+// docs/performance.md, "3- and 1-bit codes on the token-major kernel". SKVQ_CUDA_WIDEN=0 turns it off
+// (benchmarks, tests).
 bool tmma_widens(const AttnParams& p) {
-  static const bool on = env_switch("SKVQ_CUDA_WIDEN") != "0";
-  if (!on || p.k.bits != kWidenFrom || p.v.bits != kWidenFrom || p.D != kD || p.Dv != kD || p.group != p.group_v) return false;
+  if (!widen_pair(p) || p.D != kD || p.Dv != kD || p.group != p.group_v) return false;
   if (p.window % kPiece != 0 || p.q_end <= 0) return false;
   const int o = body_override();
   if (o >= 0 && o != 2) return false;  // another body kernel forced (2: tmma, which takes every row count)
@@ -2410,7 +2421,7 @@ bool tmma_pair(const AttnParams& p) {
 // takes a KV head with a single query row. SKVQ_CUDA_TMMA_ONE=0 turns it off (benchmarks).
 bool tmma_one(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
-  return on && p.query_rows() == 1 && p.k.bits != kWidenFrom && body_kernel(p) == Body::tmma;
+  return on && p.query_rows() == 1 && !widen_pair(p) && body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel streams its tiles through a ring of two stages, copies one tile
 // ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values at groups of 128
@@ -2427,9 +2438,10 @@ bool tmma_short(const AttnParams& p) {
 // less with the short ring): the launch and the occupancy calculation size it alike.
 int fast_ring_bytes(const AttnParams& p) {
   if (body_kernel(p) == Body::chunk) return chunk_smem_bytes(p);  // (and its unpacked tile)
-  if (p.k.bits == kWidenFrom) {  // (tmma_widens) the short ring, then the tile's widened codes
-    constexpr FastLayout<kFastTile> wide(16 * kWidenTo, 16 * kWidenTo, 0, 0);
-    return tmma_ring_stages(false, true) * FastLayout<kFastTile>(p).stage + wide.stage;
+  if (tmma_widens(p)) {  // the ring (3-bit codes: the short one), then the tile's widened codes
+    const int to = widen::widened(p.k.bits);
+    const FastLayout<kFastTile> wide(16 * to, 16 * to, 0, 0);
+    return tmma_ring_stages(false, tmma_widen_short(p.k.bits)) * FastLayout<kFastTile>(p).stage + wide.stage;
   }
   return tmma_ring_stages(tmma_pair(p), tmma_short(p)) * FastLayout<kFastTile>(p).stage;
 }
@@ -2540,23 +2552,31 @@ void with_tuned_fast_kernel(const AttnParams& p, int nq, F&& f) {
   else by_meta(attn_fast_kernel<KB, VB, 1, 0>, attn_fast_kernel<KB, VB, 1, 1>, attn_fast_kernel<KB, VB, 1, 2>);
 }
 
-// with_tuned_fast_kernel, and for 3-bit keys and values (tmma_widens) the token-major kernel over
-// codes widened to 4 bits (its SRC; the short ring, one tile at a time, never the one-row form).
+// with_tuned_fast_kernel, and where the codes are widened (tmma_widens: 3- and 1-bit keys and values)
+// the token-major kernel over the widened codes (its SRC; never two tiles at a time or the one-row
+// form).
 template <int KB, int VB, typename F>
 void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
-  if constexpr (KB == kWidenFrom) {
-    static_assert(VB == kWidenFrom, "3-bit keys and values");
-    auto tm = [&](auto gs) {
-      constexpr int GS = decltype(gs)::value, W = kWidenTo;
-      if (p.meta == 0) f(attn_tmma_kernel<W, W, 0, GS, false, false, true, KB>);
-      else if (p.meta == 1) f(attn_tmma_kernel<W, W, 1, GS, false, false, true, KB>);
-      else f(attn_tmma_kernel<W, W, 2, GS, false, false, true, KB>);
-    };
-    if (p.group == 32) tm(std::integral_constant<int, 32>{});
-    else if (p.group == 64) tm(std::integral_constant<int, 64>{});
-    else tm(std::integral_constant<int, 128>{});
-  } else {
+  if constexpr (KB == VB && widen::widens(KB)) {
+    if (tmma_widens(p)) {
+      constexpr int W = widen::widened(KB);
+      constexpr bool S = tmma_widen_short(KB);
+      auto tm = [&](auto gs) {
+        constexpr int GS = decltype(gs)::value;
+        if (p.meta == 0) f(attn_tmma_kernel<W, W, 0, GS, false, false, S, KB>);
+        else if (p.meta == 1) f(attn_tmma_kernel<W, W, 1, GS, false, false, S, KB>);
+        else f(attn_tmma_kernel<W, W, 2, GS, false, false, S, KB>);
+      };
+      if (p.group == 32) tm(std::integral_constant<int, 32>{});
+      else if (p.group == 64) tm(std::integral_constant<int, 64>{});
+      else tm(std::integral_constant<int, 128>{});
+      return;
+    }
+  }
+  if constexpr (KB != 3) {
     with_tuned_fast_kernel<KB, VB>(p, nq, std::forward<F>(f));
+  } else {  // (with_fast_bits gives 3 bits only where tmma_widens)
+    throw Error("skvq: cuda attend: 3-bit codes reached the tuned kernels without widening");
   }
 }
 
@@ -2633,11 +2653,12 @@ bool with_bits(int kb, int vb, F&& f) {
 }
 
 // with_bits for p's widths, and (3, 3) where they decode through the widened token-major kernel
-// (tmma_widens).
+// (tmma_widens; (1, 1) is one of with_bits' pairs either way).
 template <typename F>
 bool with_fast_bits(const AttnParams& p, F&& f) {
   if (tmma_widens(p)) {
-    f(std::integral_constant<int, kWidenFrom>{}, std::integral_constant<int, kWidenFrom>{});
+    if (p.k.bits == 3) f(std::integral_constant<int, 3>{}, std::integral_constant<int, 3>{});
+    else f(std::integral_constant<int, 1>{}, std::integral_constant<int, 1>{});
     return true;
   }
   return with_bits(p.k.bits, p.v.bits, std::forward<F>(f));
@@ -2868,7 +2889,7 @@ void widen_queries(const void* q, bool bf16, std::int64_t n, float* out, cudaStr
 // Its work a token does not grow from 1 to 8 rows (A rows 0-7), the tuned kernel's does; 5 to 7 rows
 // (not measured) take 4 rows' line. Not where a tuned body kernel is forced (SKVQ_CUDA_BODY=fast).
 bool one_bit_to_tc(const AttnParams& p) {
-  if (p.k.bits != 1 || p.v.bits != 1 || body_override() >= 0) return false;
+  if (p.k.bits != 1 || p.v.bits != 1 || body_override() >= 0 || tmma_widens(p)) return false;
   const int rows = p.query_rows();
   if (rows < 3 || rows > 8) return false;
   const std::int64_t work = static_cast<std::int64_t>(p.B) * p.Hkv * p.q_end;
@@ -2918,7 +2939,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cu
   }
   const std::int64_t rows = static_cast<std::int64_t>(p.B) * p.Hq * p.Sq;
   // Tensor cores when every k-step and every 8-channel value tile lies in one metadata group.
-  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && kb != kWidenFrom && mma_enabled();
+  const bool mma = fast && p.group >= 32 && (kb != 1 || p.group % 32 == 0) && !tmma_widens(p) && mma_enabled();
   // Balanced claiming (the token-major kernel): chunks of split_len / balance_chunks() tiles, at
   // least 2 (the copies' lead), where that leaves chunks to claim; else each block its split.
   if (fast) {
@@ -2981,7 +3002,7 @@ void run_attention(AttnParams p, bool dense, int requested_splits, void* out, cu
   } else {
     with_fast_bits(p, [&](auto k, auto v) {
       constexpr int K = decltype(k)::value, V = decltype(v)::value;
-      if constexpr (K == kWidenFrom) {
+      if constexpr (K == 3) {
         launch_fast_rows<K, V>(p, fast_splits, stream);  // (tmma_widens: fast, never mma)
       } else {
         if (!fast) launch_rows<K, V, false>(p, stream);
