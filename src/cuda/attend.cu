@@ -2876,8 +2876,10 @@ void widen_queries(const void* q, bool bf16, std::int64_t n, float* out, cudaStr
 }  // namespace
 
 // Whether 1-bit keys and values at head dim 128 go through the general path's tensor-core kernel
-// (attend_tc.cu) instead of the tuned ones. At 1 bit the tuned kernels have no tensor-core form for
-// grouped-query decode (attn_tmma_kernel takes 2- or 4-bit values); their one-token-per-lane kernel
+// (attend_tc.cu) instead of the tuned ones: not where the token-major kernel takes them widened to
+// 2 bits (tmma_widens, session 65: 3 or 4 rows a KV head), so 5 to 8 rows by this rule. Before
+// that, at 1 bit the tuned kernels had no tensor-core form for grouped-query decode
+// (attn_tmma_kernel takes 2- or 4-bit values); their one-token-per-lane kernel
 // measured against the tensor-core kernel on an H100 (session 62, `bench_cuda --one` with
 // SKVQ_CUDA_BODY=fast and =general; docs/performance.md "Every code width"), by the query rows a KV
 // head and the work, B x Hkv x the packed tokens:
