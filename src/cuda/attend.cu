@@ -2322,10 +2322,11 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // where its shapes allow.
 enum class Body { fast, imma, tmma, rs, chunk };
 // Keys and values of one width that the token-major kernel takes widened (3 and 1 bits: tmma_widens),
-// unless SKVQ_CUDA_WIDEN=0.
+// at its shapes, unless SKVQ_CUDA_WIDEN=0. (body_kernel names it for them, so that its choice and
+// tmma_widens' agree wherever the packed body takes the pipelined kernels.)
 bool widen_pair(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_WIDEN") != "0";
-  return on && p.k.bits == p.v.bits && widen::widens(p.k.bits);
+  return on && p.k.bits == p.v.bits && widen::widens(p.k.bits) && p.D == kD && p.Dv == kD && p.group == p.group_v;
 }
 // Query rows a KV head from which the chunk kernel takes the packed body by default: 40 with 2-bit
 // keys, 32 with wider ones. Below a whole block of kChunkRows its idle rows cost what full ones do,
@@ -2387,8 +2388,7 @@ Body body_kernel(const AttnParams& p) {
 // docs/performance.md, "3- and 1-bit codes on the token-major kernel". SKVQ_CUDA_WIDEN=0 turns it off
 // (benchmarks, tests).
 bool tmma_widens(const AttnParams& p) {
-  if (!widen_pair(p) || p.D != kD || p.Dv != kD || p.group != p.group_v) return false;
-  if (p.window % kPiece != 0 || p.q_end <= 0) return false;
+  if (!widen_pair(p) || p.window % kPiece != 0 || p.q_end <= 0) return false;
   const int o = body_override();
   if (o >= 0 && o != 2) return false;  // another body kernel forced (2: tmma, which takes every row count)
   const int rows = p.query_rows();
