@@ -595,7 +595,8 @@ TEST(CudaTcCodes, RegistersHoldEachLanesCodesAtEveryWidth) {
 // The token-major kernel's 3- and 1-bit codes widened to 4- and 2-bit ones a tile at a time
 // (cuda/widen.hpp, attn_tmma_kernel's SRC): every value of a word's codes (2^24 for eight 3-bit codes,
 // 2^16 for sixteen 1-bit ones), with the ignored upper bits set to anything, and rows of 128 codes
-// packed by the CPU's packer, chunk by chunk.
+// packed by the CPU's packer, widened chunk by chunk into exactly the row that packer makes of the same
+// codes at the wider width (what the 4- and 2-bit kernels read from caches of those widths).
 template <int FROM>
 void check_widened_rows(std::uint32_t seed) {
   using W = skvq::cuda::widen::Widen<FROM>;
@@ -607,16 +608,17 @@ void check_widened_rows(std::uint32_t seed) {
     std::vector<std::uint8_t> packed(static_cast<std::size_t>(ref::packed_bytes(128, FROM)), 0);
     ASSERT_EQ(packed.size(), 4u * 4 * W::kIn);
     ref::pack_codes(codes.data(), 128, FROM, packed.data());
+    // the row as the 4-bit (2-bit) kernel reads a cache of that width: the same codes packed at kTo bits
+    std::vector<std::uint8_t> wide(static_cast<std::size_t>(ref::packed_bytes(128, W::kTo)), 0), widened(wide.size(), 0);
+    ASSERT_EQ(wide.size(), 4u * 4 * W::kOut);
+    ref::pack_codes(codes.data(), 128, W::kTo, wide.data());
     for (int part = 0; part < 4; ++part) {
       unsigned in[W::kIn], out[W::kOut];
       std::memcpy(in, packed.data() + part * 4 * W::kIn, sizeof in);
       W::chunk(in, out);
-      constexpr int kPer = 32 / W::kTo;  // codes an output word
-      for (int i = 0; i < 32; ++i) {
-        const unsigned got = (out[i / kPer] >> (W::kTo * (i % kPer))) & ((1u << W::kTo) - 1u);
-        ASSERT_EQ(got, codes[static_cast<std::size_t>(32 * part + i)]) << FROM << "-bit trial " << trial << " chunk " << part << " code " << i;
-      }
+      std::memcpy(widened.data() + part * 4 * W::kOut, out, sizeof out);
     }
+    ASSERT_EQ(widened, wide) << FROM << "-bit trial " << trial;
   }
 }
 
