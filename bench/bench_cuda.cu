@@ -510,6 +510,17 @@ void widths_table(double bw) {
   }
 }
 
+// One row of the decode tables of pairs_table and widened_table (and its RESULT line, tagged `tag`):
+// setting s at B, Hkv, T (decode_row), its share of copy bandwidth bw and its speed against fp16.
+void decode_table_row(const char* tag, const Setting& s, int B, int Hkv, std::int64_t T, double bw) {
+  const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
+  std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
+              st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
+  std::printf("RESULT %s setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", tag, s.name, B, Hkv,
+              static_cast<long long>(T), fp16, st.one_ms, st.graph_ms, bytes);
+  std::fflush(stdout);
+}
+
 // Pairs of code widths without a kernel of their own (--pairs): at head dim 128 the tensor-core
 // kernel that reads its widths at run time (session 63), or the float kernel under
 // SKVQ_CUDA_GENERAL=float (run both for the two side by side); one decode step at B=1 and B=8, Hkv=8,
@@ -524,14 +535,7 @@ void pairs_table(double bw) {
                            {"K6V4g128", 6, 4, 128}, {"K8V7g128", 8, 7, 128}, {"K3V2g32", 3, 2, 32},   {"K8V2g32", 8, 2, 32},
                            {"K5V7g64", 5, 7, 64},   {"K4V8g128", 4, 8, 128}, {"K2V8g32", 2, 8, 32},   {"K6V8g64", 6, 8, 64}};
   for (const Setting& s : pairs) {
-    for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) {
-      const std::int64_t T = 32768;
-      const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
-      std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
-                  st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
-      std::printf("RESULT pairs setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
-                  static_cast<long long>(T), fp16, st.one_ms, st.graph_ms, bytes);
-    }
+    for (const auto& [B, Hkv] : {std::pair<int, int>{1, 8}, {8, 8}}) decode_table_row("pairs", s, B, Hkv, 32768, bw);
   }
 }
 
@@ -550,12 +554,7 @@ void widened_table(double bw) {
   for (const Setting& s : settings) {
     for (const auto& [B, Hkv, T] : {std::tuple<int, int, std::int64_t>{1, 8, 32768}, {8, 8, 32768}, {32, 8, 32768}, {1, 8, 131072},
                                     {8, 8, 131072}, {1, 32, 32768}, {8, 32, 32768}}) {
-      const auto [fp16, st, bytes] = decode_row(B, Hkv, T, s);
-      std::printf("| %s | %d | %d | %lld | %.4f | %.4f | %.4f | %.0f%% | %.2fx |\n", s.name, B, Hkv, static_cast<long long>(T), fp16, st.one_ms,
-                  st.graph_ms, 100 * bytes / (st.graph_ms * 1e-3) / bw, fp16 / st.graph_ms);
-      std::printf("RESULT widened setting=%s B=%d Hkv=%d T=%lld fp16=%.4f one=%.4f graph=%.4f bytes=%.0f\n", s.name, B, Hkv,
-                  static_cast<long long>(T), fp16, st.one_ms, st.graph_ms, bytes);
-      std::fflush(stdout);
+      decode_table_row("widened", s, B, Hkv, T, bw);
     }
   }
 }
