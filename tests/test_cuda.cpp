@@ -1253,9 +1253,10 @@ TEST(Cuda, TokenMajorKernelOverPairsOfTiles) {
   }
 }
 
-// 3-bit (1-bit) keys and values with 3 or 4 query rows a KV head decode through the token-major
-// kernel on codes widened to 4 (2) bits a tile (tmma_widens; 1 and 2 rows through the general path's
-// tensor-core kernel or the tuned 1-bit kernels beside them): groups of 32, 64 and 128, each metadata
+// 3-bit (1-bit) keys and values with 3 or 4 query rows a KV head, and 3-bit ones with one (the
+// one-row form), decode through the token-major kernel on codes widened to 4 (2) bits a tile
+// (tmma_widens; the other row counts through the general path's tensor-core kernel or the tuned 1-bit
+// kernels): groups of 32, 64 and 128, each metadata
 // type, reorder on and off, windows that are and are not a multiple of the tile, partial tiles,
 // sinks, forced splits, causal rows (Sq = 2). scripts/gpu.sh runs it again with SKVQ_CUDA_BODY=tmma
 // (every row count through the kernel) and with SKVQ_CUDA_WIDEN=0 (the other kernels throughout).
@@ -1285,7 +1286,7 @@ TEST(Cuda, WidenedCodesOnTheTokenMajorKernel) {
       expect_splits_match(cpu, gpu, k, v, len, 8, 1, {0, 1, 3}, what);  // 4 rows a KV head
       expect_splits_match(cpu, gpu, k, v, len, 6, 1, {0, 2}, what);     // 3 rows
       expect_splits_match(cpu, gpu, k, v, len, 4, 2, {0, 2}, what);     // 2 heads x 2 tokens (causal): 4 rows
-      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0}, what);        // 1 row (not widened)
+      expect_splits_match(cpu, gpu, k, v, len, 2, 1, {0}, what);        // 1 row (3 bits: the one-row form)
     }
   }
 }

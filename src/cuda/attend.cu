@@ -1312,8 +1312,8 @@ constexpr bool tmma_widen_short(int src) { return src == 3; }
 template <int KB, int VB, int META, int GS, bool PAIR = false, bool ONE = false, bool SHORT = false, int SRC = 0>
 __global__ void __launch_bounds__(kThreads, kTmmaMinBlocks) attn_tmma_kernel(const AttnParams p, int row0) {
   static_assert(!(PAIR && SHORT), "tile pairs need the lead of two tiles");
-  static_assert(SRC == 0 || (widen::widens(SRC) && KB == widen::widened(SRC) && VB == KB && !PAIR && !ONE),
-                "stored codes widened a tile at a time: one tile at a time, 3-4 rows");
+  static_assert(SRC == 0 || (widen::widens(SRC) && KB == widen::widened(SRC) && VB == KB && !PAIR),
+                "stored codes widened a tile at a time: one tile at a time");
   start_body();
   const std::uint64_t trace_t0 = trace_now();
   extern __shared__ __align__(16) unsigned char ring[];
@@ -2350,6 +2350,11 @@ int chunk_min_rows(const AttnParams& p) {
 constexpr bool tmma_one_row(int kb, int vb, int group) {
   return (kb == 2 && vb == 2 && (group == 128 || group == 32)) || (kb == 4 && vb == 4 && group == 128);
 }
+// Widths whose single query row a KV head goes through the one-row form over widened codes: 3 bits
+// (session 66, H100: 1.9-2.6x faster than the general path's tensor-core kernel, and as fast as the
+// four-row form to 12% faster). Not 1 bit: there it measured 4% faster to 10% slower than the tuned
+// 1-bit kernels, which keep it (docs/performance.md, "3- and 1-bit codes on the token-major kernel").
+constexpr bool widen_one_row(int bits) { return bits == 3; }
 int body_override() {  // -1: none
   static const int v = [] {
     const std::string s = env_switch("SKVQ_CUDA_BODY");
@@ -2375,7 +2380,8 @@ Body body_kernel(const AttnParams& p) {
   const int chunk_from = chunk_min_rows(p);
   if (chunk && chunk_from > 0 && rows >= chunk_from) return Body::chunk;
   if (tmma && rows >= 3 && rows <= kTmmaRows) return Body::tmma;
-  if (tmma && rows == 1 && tmma_one_row(p.k.bits, p.v.bits, p.group)) return Body::tmma;
+  if (tmma && rows == 1 && (tmma_one_row(p.k.bits, p.v.bits, p.group) || (widened && widen_one_row(p.k.bits))))
+    return Body::tmma;
   if (imma && rows >= 3) return Body::imma;
   return rs && rows <= 2 ? Body::rs : Body::fast;
 }
@@ -2383,8 +2389,9 @@ Body body_kernel(const AttnParams& p) {
 // Whether 3-bit (1-bit) keys and values decode through the token-major kernel on codes widened to 4
 // (2) bits a tile in shared memory (attn_tmma_kernel's SRC) rather than the general path's
 // tensor-core kernel (and the tuned 1-bit kernels): at head dim 128, groups of 32, 64 or 128 (one for
-// keys and values), 3 or 4 query rows a KV head (grouped-query decode: any number of rows where
-// SKVQ_CUDA_BODY=tmma forces the kernel), windows of whole pieces and something packed. Measured:
+// keys and values), 3 or 4 query rows a KV head (grouped-query decode) or one (multi-head decode, the
+// one-row form, where widen_one_row; any number of rows where SKVQ_CUDA_BODY=tmma forces the
+// kernel), windows of whole pieces and something packed. Measured:
 // docs/performance.md, "3- and 1-bit codes on the token-major kernel". SKVQ_CUDA_WIDEN=0 turns it off
 // (benchmarks, tests).
 bool tmma_widens(const AttnParams& p) {
@@ -2392,7 +2399,7 @@ bool tmma_widens(const AttnParams& p) {
   const int o = body_override();
   if (o >= 0 && o != 2) return false;  // another body kernel forced (2: tmma, which takes every row count)
   const int rows = p.query_rows();
-  return body_kernel(p) == Body::tmma && (o == 2 || (rows >= 3 && rows <= kTmmaRows));
+  return body_kernel(p) == Body::tmma && (o == 2 || (rows >= 3 && rows <= kTmmaRows) || rows == 1);
 }
 
 // Whether the token-major kernel takes its tiles two at a time (attn_tmma_kernel's PAIR): with 2-bit
@@ -2418,10 +2425,11 @@ bool tmma_pair(const AttnParams& p) {
          body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel runs in its one-row form (attn_tmma_kernel's ONE): wherever it
-// takes a KV head with a single query row. SKVQ_CUDA_TMMA_ONE=0 turns it off (benchmarks).
+// takes a KV head with a single query row (with widened codes: where widen_one_row). SKVQ_CUDA_TMMA_ONE=0
+// turns it off (benchmarks).
 bool tmma_one(const AttnParams& p) {
   static const bool on = env_switch("SKVQ_CUDA_TMMA_ONE") != "0";
-  return on && p.query_rows() == 1 && !widen_pair(p) && body_kernel(p) == Body::tmma;
+  return on && p.query_rows() == 1 && (!widen_pair(p) || widen_one_row(p.k.bits)) && body_kernel(p) == Body::tmma;
 }
 // Whether the token-major kernel streams its tiles through a ring of two stages, copies one tile
 // ahead (attn_tmma_kernel's SHORT), instead of three: with 4-bit keys and values at groups of 128
@@ -2553,23 +2561,33 @@ void with_tuned_fast_kernel(const AttnParams& p, int nq, F&& f) {
 }
 
 // with_tuned_fast_kernel, and where the codes are widened (tmma_widens: 3- and 1-bit keys and values)
-// the token-major kernel over the widened codes (its SRC; never two tiles at a time or the one-row
-// form).
+// the token-major kernel over the widened codes (its SRC; never two tiles at a time; the one-row form
+// where tmma_one, 3-bit codes only).
 template <int KB, int VB, typename F>
 void with_fast_kernel(const AttnParams& p, int nq, F&& f) {
   if constexpr (KB == VB && widen::widens(KB)) {
     if (tmma_widens(p)) {
       constexpr int W = widen::widened(KB);
       constexpr bool S = tmma_widen_short(KB);
-      auto tm = [&](auto gs) {
+      auto tm = [&](auto gs, auto one) {
         constexpr int GS = decltype(gs)::value;
-        if (p.meta == 0) f(attn_tmma_kernel<W, W, 0, GS, false, false, S, KB>);
-        else if (p.meta == 1) f(attn_tmma_kernel<W, W, 1, GS, false, false, S, KB>);
-        else f(attn_tmma_kernel<W, W, 2, GS, false, false, S, KB>);
+        constexpr bool ONE = decltype(one)::value;
+        if (p.meta == 0) f(attn_tmma_kernel<W, W, 0, GS, false, ONE, S, KB>);
+        else if (p.meta == 1) f(attn_tmma_kernel<W, W, 1, GS, false, ONE, S, KB>);
+        else f(attn_tmma_kernel<W, W, 2, GS, false, ONE, S, KB>);
       };
-      if (p.group == 32) tm(std::integral_constant<int, 32>{});
-      else if (p.group == 64) tm(std::integral_constant<int, 64>{});
-      else tm(std::integral_constant<int, 128>{});
+      auto by_group = [&](auto one) {
+        if (p.group == 32) tm(std::integral_constant<int, 32>{}, one);
+        else if (p.group == 64) tm(std::integral_constant<int, 64>{}, one);
+        else tm(std::integral_constant<int, 128>{}, one);
+      };
+      if constexpr (widen_one_row(KB)) {
+        if (tmma_one(p)) {
+          by_group(std::true_type{});
+          return;
+        }
+      }
+      by_group(std::false_type{});
       return;
     }
   }
