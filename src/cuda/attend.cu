@@ -2314,7 +2314,8 @@ __global__ void __launch_bounds__(kD, kU <= kCombineFewSplits ? 8 : 5) combine_k
 // SKVQ_CUDA_BODY=fast|rs|imma|tmma forces one where the layout allows (tests,
 // benchmarks). By default (measured, docs/performance-history.md): one row per KV head
 // (multi-head decode) with 2-bit keys and values at groups of 32 and 128, or 4-bit ones at group
-// 128, through attn_tmma_kernel's one-row form (tmma_one_row); other one or two rows per KV head through
+// 128, or 3-bit ones widened (widen_one_row), through attn_tmma_kernel's one-row form (tmma_one_row);
+// other one or two rows per KV head through
 // attn_rs_kernel at groups of 32, 64 and 128, else attn_fast_kernel; three or
 // four (grouped-query decode) through attn_tmma_kernel, more (wider groups,
 // prefill) through attn_imma_kernel, 8 rows a block, and from chunk_min_rows(p) rows through the
